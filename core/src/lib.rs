@@ -1,0 +1,12 @@
+//! rtpu's core: everything between the C ABI and a PJRT plugin, in safe Rust.
+//!
+//! `runtime` wraps the PJRT C API (the only module with `unsafe`); `dtype` and
+//! `error` are shared vocabulary. This crate exports no symbols: the `rtpu`
+//! crate in `ffi/` is the C face of it.
+
+pub mod dtype;
+pub mod error;
+pub mod runtime;
+
+pub use dtype::DType;
+pub use error::{Error, ErrorCode, Result};

@@ -1,0 +1,224 @@
+//! Device buffers: host transfers, device-to-device copies, metadata.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::runtime::sys::{self, Args, PJRT_Buffer};
+
+use super::client::{Client, ClientInner, Device};
+use super::event::Event;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// An owned PJRT buffer on one device. Holds its client alive.
+pub struct Buffer {
+    pub(crate) client: Arc<ClientInner>,
+    pub(crate) raw: *mut PJRT_Buffer,
+}
+
+// SAFETY: PJRT buffers are thread-safe handles.
+unsafe impl Send for Buffer {}
+// SAFETY: as above; every method takes `&self` and PJRT synchronises internally.
+unsafe impl Sync for Buffer {}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let mut args = sys::PJRT_Buffer_Destroy_Args::new();
+        args.buffer = self.raw;
+        // SAFETY: `raw` is owned by `self` and destroyed exactly once.
+        let _ = unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_Destroy, &mut args) };
+    }
+}
+
+/// Number of elements of `dims`, or an error for negative or overflowing dims.
+pub(crate) fn element_count(dims: &[i64]) -> Result<usize> {
+    dims.iter().try_fold(1usize, |n, &d| {
+        let d = usize::try_from(d).map_err(|_| Error::invalid("dimension", "a size >= 0", d))?;
+        n.checked_mul(d)
+            .ok_or_else(|| Error::invalid("shape", "fewer than 2^64 elements", format!("{dims:?}")))
+    })
+}
+
+impl Client {
+    /// Copies `data` (dense, row-major, `dtype` elements of shape `dims`) to `device`.
+    /// The host memory may be reused as soon as this returns.
+    pub fn buffer_from_host(
+        &self,
+        data: &[u8],
+        dtype: DType,
+        dims: &[i64],
+        device: &Device,
+    ) -> Result<Buffer> {
+        let expected = element_count(dims)?
+            .checked_mul(dtype.size_in_bytes())
+            .ok_or_else(|| {
+                Error::invalid("shape", "a byte size below 2^64", format!("{dims:?}"))
+            })?;
+        if data.len() != expected {
+            return Err(Error::invalid(
+                format!("host data for a {dtype} tensor of shape {dims:?}"),
+                format!("{expected} bytes"),
+                format!("{} bytes", data.len()),
+            ));
+        }
+        if !Arc::ptr_eq(&device.client, &self.inner) {
+            return Err(Error::invalid(
+                "device",
+                "a device of this client",
+                "a device of another client",
+            ));
+        }
+        let mut args = sys::PJRT_Client_BufferFromHostBuffer_Args::new();
+        args.client = self.inner.raw;
+        args.data = data.as_ptr().cast();
+        args.type_ = dtype.to_pjrt();
+        args.dims = dims.as_ptr();
+        args.num_dims = dims.len();
+        // PJRT copies the data before the call returns, so `data` need not outlive it.
+        args.host_buffer_semantics =
+            sys::PJRT_HostBufferSemantics_PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+        args.device = device.raw;
+        // SAFETY: `data`, `dims` and the device are valid for the call.
+        unsafe {
+            pjrt_call!(
+                self.inner.plugin,
+                PJRT_Client_BufferFromHostBuffer,
+                &mut args
+            )
+        }?;
+        let buffer = Buffer {
+            client: self.inner.clone(),
+            raw: args.buffer,
+        };
+        if let Some(done) = Event::from_raw(self.inner.plugin, args.done_with_host_buffer) {
+            done.wait()?;
+        }
+        Ok(buffer)
+    }
+}
+
+impl Buffer {
+    pub fn dtype(&self) -> Result<DType> {
+        let mut args = sys::PJRT_Buffer_ElementType_Args::new();
+        args.buffer = self.raw;
+        // SAFETY: live buffer.
+        unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_ElementType, &mut args) }?;
+        DType::from_pjrt(args.type_)
+    }
+
+    pub fn dims(&self) -> Result<Vec<i64>> {
+        let mut args = sys::PJRT_Buffer_Dimensions_Args::new();
+        args.buffer = self.raw;
+        // SAFETY: live buffer.
+        unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_Dimensions, &mut args) }?;
+        if args.num_dims == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: PJRT returns `num_dims` dims owned by the buffer.
+        Ok(unsafe { std::slice::from_raw_parts(args.dims, args.num_dims) }.to_vec())
+    }
+
+    /// Bytes the buffer occupies on its device (may exceed the dense host size).
+    pub fn on_device_size(&self) -> Result<usize> {
+        let mut args = sys::PJRT_Buffer_OnDeviceSizeInBytes_Args::new();
+        args.buffer = self.raw;
+        // SAFETY: live buffer.
+        unsafe {
+            pjrt_call!(
+                self.client.plugin,
+                PJRT_Buffer_OnDeviceSizeInBytes,
+                &mut args
+            )
+        }?;
+        Ok(args.on_device_size_in_bytes)
+    }
+
+    /// Bytes of the dense row-major host copy.
+    pub fn host_size(&self) -> Result<usize> {
+        Ok(element_count(&self.dims()?)? * self.dtype()?.size_in_bytes())
+    }
+
+    pub fn device(&self) -> Result<Device> {
+        let mut args = sys::PJRT_Buffer_Device_Args::new();
+        args.buffer = self.raw;
+        // SAFETY: live buffer.
+        unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_Device, &mut args) }?;
+        Ok(Device {
+            client: self.client.clone(),
+            raw: args.device,
+        })
+    }
+
+    /// True once the buffer was donated to an execution or deleted.
+    pub fn is_deleted(&self) -> Result<bool> {
+        let mut args = sys::PJRT_Buffer_IsDeleted_Args::new();
+        args.buffer = self.raw;
+        // SAFETY: live buffer handle (deleted contents are fine to query).
+        unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_IsDeleted, &mut args) }?;
+        Ok(args.is_deleted)
+    }
+
+    /// Copies the buffer into `dst` (dense, row-major), which must be exactly
+    /// `host_size()` bytes; waits for the transfer.
+    pub fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
+        let expected = self.host_size()?;
+        if dst.len() != expected {
+            return Err(Error::invalid(
+                "host destination",
+                format!("{expected} bytes"),
+                format!("{} bytes", dst.len()),
+            ));
+        }
+        let mut args = sys::PJRT_Buffer_ToHostBuffer_Args::new();
+        args.src = self.raw;
+        args.dst = dst.as_mut_ptr().cast();
+        args.dst_size = dst.len();
+        // SAFETY: `dst` is writable for `dst_size` bytes until the event completes,
+        // and we wait for it before returning.
+        unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_ToHostBuffer, &mut args) }?;
+        match Event::from_raw(self.client.plugin, args.event) {
+            Some(done) => done.wait(),
+            None => Ok(()),
+        }
+    }
+
+    /// Copies the buffer to a new host vector.
+    pub fn to_host(&self) -> Result<Vec<u8>> {
+        let mut bytes = vec![0u8; self.host_size()?];
+        self.copy_to_host(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Copies the buffer to another device of the same client.
+    pub fn copy_to_device(&self, device: &Device) -> Result<Buffer> {
+        if !Arc::ptr_eq(&device.client, &self.client) {
+            return Err(Error::invalid(
+                "device",
+                "a device of the buffer's client",
+                "a device of another client",
+            ));
+        }
+        let mut args = sys::PJRT_Buffer_CopyToDevice_Args::new();
+        args.buffer = self.raw;
+        args.dst_device = device.raw;
+        // SAFETY: live buffer and device of the same client.
+        unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_CopyToDevice, &mut args) }?;
+        Ok(Buffer {
+            client: self.client.clone(),
+            raw: args.dst_buffer,
+        })
+    }
+
+    pub fn client(&self) -> Client {
+        Client::from_inner(self.client.clone())
+    }
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.dtype(), self.dims()) {
+            (Ok(dtype), Ok(dims)) => write!(f, "Buffer({dtype}{dims:?})"),
+            _ => write!(f, "Buffer({:p})", self.raw),
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! Compiling StableHLO, executing on one or several devices, and
+//! (de)serialising executables.
+
+use std::ffi::c_char;
+use std::fmt;
+use std::sync::Arc;
+
+use pjrt_sys::protos::xla::{HloModuleProto, PrimitiveType, ShapeProto};
+use prost::Message;
+
+use crate::runtime::sys::{
+    self, Args, PJRT_Buffer, PJRT_Event, PJRT_Executable, PJRT_LoadedExecutable,
+};
+
+use super::buffer::Buffer;
+use super::client::{owned_string, Client, ClientInner, Device};
+use super::compile::CompileOptions;
+use super::event::Event;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// A compiled program loaded on its devices. Holds its client alive.
+pub struct LoadedExecutable {
+    client: Arc<ClientInner>,
+    raw: *mut PJRT_LoadedExecutable,
+    devices: Vec<Device>,
+    num_outputs: usize,
+    /// Per-device parameter types from the optimised program; `None` when the
+    /// plugin cannot return it (execution then relies on the plugin's checks,
+    /// which on the CPU plugin only compare byte sizes).
+    parameters: Option<Vec<ParameterType>>,
+}
+
+/// The type of one program parameter as each device receives it (a shard, for
+/// SPMD-partitioned programs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParameterType {
+    pub dtype: DType,
+    pub dims: Vec<i64>,
+}
+
+// SAFETY: PJRT executables are thread-safe; concurrent executions are allowed.
+unsafe impl Send for LoadedExecutable {}
+// SAFETY: as above.
+unsafe impl Sync for LoadedExecutable {}
+
+impl Drop for LoadedExecutable {
+    fn drop(&mut self) {
+        let mut args = sys::PJRT_LoadedExecutable_Destroy_Args::new();
+        args.executable = self.raw;
+        // SAFETY: `raw` is owned by `self` and destroyed exactly once.
+        let _ = unsafe { pjrt_call!(self.client.plugin, PJRT_LoadedExecutable_Destroy, &mut args) };
+    }
+}
+
+/// Options of one execution.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExecuteOptions {
+    /// Argument indices whose buffers the program may donate to its outputs
+    /// (where the program declares an alias). All other arguments are kept.
+    /// A donated buffer is deleted by the execution.
+    pub donate: Vec<usize>,
+}
+
+/// The non-owning `PJRT_Executable` view of a loaded executable, destroyed on drop.
+struct ExecutableView<'a> {
+    owner: &'a LoadedExecutable,
+    raw: *mut PJRT_Executable,
+}
+
+impl Drop for ExecutableView<'_> {
+    fn drop(&mut self) {
+        let mut args = sys::PJRT_Executable_Destroy_Args::new();
+        args.executable = self.raw;
+        // SAFETY: `GetExecutable` hands out a handle the caller must destroy.
+        let _ = unsafe { pjrt_call!(self.owner.client.plugin, PJRT_Executable_Destroy, &mut args) };
+    }
+}
+
+impl ExecutableView<'_> {
+    /// Reads the entry signature from the optimised HLO module. Any failure
+    /// (an older plugin, a format other than HLO) yields `None`.
+    fn parameter_types(&self) -> Option<Vec<ParameterType>> {
+        let plugin = self.owner.client.plugin;
+        let format = "hlo";
+        let mut program = sys::PJRT_Program::new();
+        program.format = format.as_ptr().cast();
+        program.format_size = format.len();
+        let mut args = sys::PJRT_Executable_OptimizedProgram_Args::new();
+        args.executable = self.raw;
+        args.program = &mut program;
+        // SAFETY: with `code` NULL, PJRT only writes the size it needs.
+        unsafe { pjrt_call!(plugin, PJRT_Executable_OptimizedProgram, &mut args) }.ok()?;
+        let mut code = vec![0u8; program.code_size];
+        program.code = code.as_mut_ptr().cast();
+        args.program = &mut program;
+        // SAFETY: `code` holds `code_size` writable bytes for the call.
+        unsafe { pjrt_call!(plugin, PJRT_Executable_OptimizedProgram, &mut args) }.ok()?;
+        let code = &code[..program.code_size.min(code.len())];
+        // SAFETY: PJRT set `format` to a string it owns for the executable's lifetime.
+        let module = match unsafe { owned_string(program.format, program.format_size) }.as_str() {
+            "hlo" => HloModuleProto::decode(code).ok()?,
+            "hlo_with_config" => HloModuleWithConfig::decode(code).ok()?.hlo_module?,
+            _ => return None,
+        };
+        module
+            .host_program_shape?
+            .parameters
+            .iter()
+            .map(parameter_type)
+            .collect()
+    }
+}
+
+/// XLA's `HloModuleProtoWithConfig` (newer than pjrt-sys's protos), of which
+/// only the module is read.
+#[derive(Clone, PartialEq, prost::Message)]
+struct HloModuleWithConfig {
+    #[prost(message, optional, tag = "1")]
+    hlo_module: Option<HloModuleProto>,
+}
+
+fn parameter_type(shape: &ShapeProto) -> Option<ParameterType> {
+    let dtype = match PrimitiveType::try_from(shape.element_type).ok()? {
+        PrimitiveType::Pred => DType::Bool,
+        PrimitiveType::S8 => DType::I8,
+        PrimitiveType::S16 => DType::I16,
+        PrimitiveType::S32 => DType::I32,
+        PrimitiveType::S64 => DType::I64,
+        PrimitiveType::U8 => DType::U8,
+        PrimitiveType::U16 => DType::U16,
+        PrimitiveType::U32 => DType::U32,
+        PrimitiveType::U64 => DType::U64,
+        PrimitiveType::F16 => DType::F16,
+        PrimitiveType::Bf16 => DType::BF16,
+        PrimitiveType::F32 => DType::F32,
+        PrimitiveType::F64 => DType::F64,
+        PrimitiveType::C64 => DType::C64,
+        PrimitiveType::C128 => DType::C128,
+        _ => return None,
+    };
+    Some(ParameterType {
+        dtype,
+        dims: shape.dimensions.clone(),
+    })
+}
+
+impl Client {
+    /// Compiles a StableHLO module given as MLIR text.
+    pub fn compile(&self, stablehlo: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
+        let options = options.to_proto_bytes()?;
+        let format = "mlir";
+        let mut program = sys::PJRT_Program::new();
+        // PJRT only reads `code` for compilation despite the non-const field.
+        program.code = stablehlo.as_ptr() as *mut c_char;
+        program.code_size = stablehlo.len();
+        program.format = format.as_ptr().cast();
+        program.format_size = format.len();
+        let mut args = sys::PJRT_Client_Compile_Args::new();
+        args.client = self.inner.raw;
+        args.program = &program;
+        args.compile_options = options.as_ptr().cast();
+        args.compile_options_size = options.len();
+        // SAFETY: the program text, format and options outlive the call.
+        unsafe { pjrt_call!(self.inner.plugin, PJRT_Client_Compile, &mut args) }?;
+        LoadedExecutable::new(self.inner.clone(), args.executable)
+    }
+
+    /// Loads an executable serialised by `LoadedExecutable::serialize` with the
+    /// same plugin version.
+    pub fn deserialize(&self, bytes: &[u8]) -> Result<LoadedExecutable> {
+        let mut args = sys::PJRT_Executable_DeserializeAndLoad_Args::new();
+        args.client = self.inner.raw;
+        args.serialized_executable = bytes.as_ptr().cast();
+        args.serialized_executable_size = bytes.len();
+        // SAFETY: `bytes` outlives the call.
+        unsafe {
+            pjrt_call!(
+                self.inner.plugin,
+                PJRT_Executable_DeserializeAndLoad,
+                &mut args
+            )
+        }?;
+        LoadedExecutable::new(self.inner.clone(), args.loaded_executable)
+    }
+}
+
+impl LoadedExecutable {
+    fn new(client: Arc<ClientInner>, raw: *mut PJRT_LoadedExecutable) -> Result<LoadedExecutable> {
+        let mut exe = LoadedExecutable {
+            client,
+            raw,
+            devices: Vec::new(),
+            num_outputs: 0,
+            parameters: None,
+        };
+        let mut args = sys::PJRT_LoadedExecutable_AddressableDevices_Args::new();
+        args.executable = exe.raw;
+        // SAFETY: live executable.
+        unsafe {
+            pjrt_call!(
+                exe.client.plugin,
+                PJRT_LoadedExecutable_AddressableDevices,
+                &mut args
+            )
+        }?;
+        if args.num_addressable_devices > 0 {
+            // SAFETY: PJRT returns `num_addressable_devices` device pointers
+            // owned by the client.
+            let raws = unsafe {
+                std::slice::from_raw_parts(args.addressable_devices, args.num_addressable_devices)
+            };
+            exe.devices = raws
+                .iter()
+                .map(|&raw| Device {
+                    client: exe.client.clone(),
+                    raw,
+                })
+                .collect();
+        }
+        let view = exe.view()?;
+        let mut out_args = sys::PJRT_Executable_NumOutputs_Args::new();
+        out_args.executable = view.raw;
+        // SAFETY: live executable view.
+        unsafe { pjrt_call!(exe.client.plugin, PJRT_Executable_NumOutputs, &mut out_args) }?;
+        let parameters = view.parameter_types();
+        drop(view);
+        exe.parameters = parameters;
+        exe.num_outputs = out_args.num_outputs;
+        Ok(exe)
+    }
+
+    /// The parameter types each device's arguments must have, when known.
+    pub fn parameters(&self) -> Option<&[ParameterType]> {
+        self.parameters.as_deref()
+    }
+
+    fn view(&self) -> Result<ExecutableView<'_>> {
+        let mut args = sys::PJRT_LoadedExecutable_GetExecutable_Args::new();
+        args.loaded_executable = self.raw;
+        // SAFETY: live executable.
+        unsafe {
+            pjrt_call!(
+                self.client.plugin,
+                PJRT_LoadedExecutable_GetExecutable,
+                &mut args
+            )
+        }?;
+        Ok(ExecutableView {
+            owner: self,
+            raw: args.executable,
+        })
+    }
+
+    /// The devices the executable runs on, one per (replica, partition).
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// Outputs per device.
+    pub fn num_outputs(&self) -> usize {
+        self.num_outputs
+    }
+
+    /// Serialises the executable for `Client::deserialize`.
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let view = self.view()?;
+        let mut args = sys::PJRT_Executable_Serialize_Args::new();
+        args.executable = view.raw;
+        // SAFETY: live executable view.
+        unsafe { pjrt_call!(self.client.plugin, PJRT_Executable_Serialize, &mut args) }?;
+        let bytes = if args.serialized_bytes.is_null() {
+            Vec::new()
+        } else {
+            // SAFETY: PJRT returns `serialized_bytes_size` bytes backed by
+            // `serialized_executable`, freed below.
+            unsafe {
+                std::slice::from_raw_parts(
+                    args.serialized_bytes.cast::<u8>(),
+                    args.serialized_bytes_size,
+                )
+            }
+            .to_vec()
+        };
+        if let Some(deleter) = args.serialized_executable_deleter {
+            // SAFETY: the deleter PJRT gave us, called once on its own object.
+            unsafe { deleter(args.serialized_executable) };
+        }
+        Ok(bytes)
+    }
+
+    /// Checks count, dtype and shape of one device's arguments against the
+    /// program: the CPU plugin accepts any buffer of the right byte size.
+    fn check_argument_types(&self, device: usize, args: &[&Buffer]) -> Result<()> {
+        let Some(parameters) = &self.parameters else {
+            return Ok(());
+        };
+        if args.len() != parameters.len() {
+            return Err(Error::invalid(
+                format!("argument count for device {device}"),
+                parameters.len(),
+                args.len(),
+            ));
+        }
+        for (i, (buffer, parameter)) in args.iter().zip(parameters).enumerate() {
+            let (dtype, dims) = (buffer.dtype()?, buffer.dims()?);
+            if dtype != parameter.dtype || dims != parameter.dims {
+                return Err(Error::invalid(
+                    format!("argument {i} for device {device}"),
+                    format!("{}{:?}", parameter.dtype, parameter.dims),
+                    format!("{dtype}{dims:?}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the program. `args[d]` are the arguments for `devices()[d]`.
+    /// Waits for completion and returns `outputs[d]` for each device.
+    pub fn execute(
+        &self,
+        args: &[&[&Buffer]],
+        options: &ExecuteOptions,
+    ) -> Result<Vec<Vec<Buffer>>> {
+        let num_devices = self.devices.len();
+        if args.len() != num_devices {
+            return Err(Error::invalid(
+                "argument lists",
+                format!("one per device ({num_devices})"),
+                args.len(),
+            ));
+        }
+        let num_args = args.first().map_or(0, |a| a.len());
+        for (d, device_args) in args.iter().enumerate() {
+            if device_args.len() != num_args {
+                return Err(Error::invalid(
+                    format!("arguments for device {d}"),
+                    format!("{num_args} (as for device 0)"),
+                    device_args.len(),
+                ));
+            }
+            if let Some(foreign) = device_args
+                .iter()
+                .position(|b| !Arc::ptr_eq(&b.client, &self.client))
+            {
+                return Err(Error::invalid(
+                    format!("argument {foreign} for device {d}"),
+                    "a buffer of the executable's client",
+                    "a buffer of another client",
+                ));
+            }
+            self.check_argument_types(d, device_args)?;
+        }
+        if let Some(&bad) = options.donate.iter().find(|&&i| i >= num_args) {
+            return Err(Error::invalid(
+                "donated argument index",
+                format!("less than {num_args}"),
+                bad,
+            ));
+        }
+        let non_donatable: Vec<i64> = (0..num_args)
+            .filter(|i| !options.donate.contains(i))
+            .map(|i| i as i64)
+            .collect();
+
+        let arg_rows: Vec<Vec<*mut PJRT_Buffer>> = args
+            .iter()
+            .map(|row| row.iter().map(|b| b.raw).collect())
+            .collect();
+        let arg_ptrs: Vec<*const *mut PJRT_Buffer> =
+            arg_rows.iter().map(|row| row.as_ptr()).collect();
+        let mut out_rows: Vec<Vec<*mut PJRT_Buffer>> = (0..num_devices)
+            .map(|_| vec![std::ptr::null_mut(); self.num_outputs])
+            .collect();
+        let out_ptrs: Vec<*mut *mut PJRT_Buffer> =
+            out_rows.iter_mut().map(|row| row.as_mut_ptr()).collect();
+        let mut events: Vec<*mut PJRT_Event> = vec![std::ptr::null_mut(); num_devices];
+
+        let mut exec_options = sys::PJRT_ExecuteOptions::new();
+        exec_options.non_donatable_input_indices = non_donatable.as_ptr();
+        exec_options.num_non_donatable_input_indices = non_donatable.len();
+        let mut exec_args = sys::PJRT_LoadedExecutable_Execute_Args::new();
+        exec_args.executable = self.raw;
+        exec_args.options = &mut exec_options;
+        exec_args.argument_lists = arg_ptrs.as_ptr();
+        exec_args.num_devices = num_devices;
+        exec_args.num_args = num_args;
+        exec_args.output_lists = out_ptrs.as_ptr();
+        exec_args.device_complete_events = events.as_mut_ptr();
+        // SAFETY: every array has the lengths given in the args and outlives
+        // the call; PJRT fills `out_rows` and `events`.
+        unsafe {
+            pjrt_call!(
+                self.client.plugin,
+                PJRT_LoadedExecutable_Execute,
+                &mut exec_args
+            )
+        }?;
+
+        // Take ownership of every output and event before looking at errors,
+        // so nothing leaks when one device fails.
+        let outputs: Vec<Vec<Buffer>> = out_rows
+            .into_iter()
+            .map(|row| {
+                row.into_iter()
+                    .filter(|raw| !raw.is_null())
+                    .map(|raw| Buffer {
+                        client: self.client.clone(),
+                        raw,
+                    })
+                    .collect()
+            })
+            .collect();
+        let events: Vec<Event> = events
+            .into_iter()
+            .filter_map(|raw| Event::from_raw(self.client.plugin, raw))
+            .collect();
+        // Wait for every device, then report the first failure.
+        let results: Vec<Result<()>> = events.into_iter().map(Event::wait).collect();
+        results.into_iter().collect::<Result<()>>()?;
+        Ok(outputs)
+    }
+}
+
+impl fmt::Debug for LoadedExecutable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadedExecutable")
+            .field("devices", &self.devices.len())
+            .field("num_outputs", &self.num_outputs)
+            .finish()
+    }
+}

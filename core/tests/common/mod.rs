@@ -1,0 +1,160 @@
+//! Shared helpers for the runtime tests: the real plugins, random data, and
+//! a macro that stamps each test once per plugin.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use rtpu_core::runtime::{self, Client, CreateOption};
+
+/// Devices the CPU client is created with, so collective and SPMD tests have
+/// several devices.
+pub const CPU_DEVICES: i64 = 4;
+
+/// `$RTPU_PLUGIN`, else the CPU plugin in the repository's `.venv`.
+pub fn cpu_plugin_path() -> PathBuf {
+    if let Some(path) = std::env::var_os(runtime::PLUGIN_ENV) {
+        return PathBuf::from(path);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let lib = root.join(".venv/lib");
+    let python = std::fs::read_dir(&lib)
+        .ok()
+        .and_then(|mut dirs| {
+            dirs.find_map(|d| {
+                d.ok()
+                    .filter(|d| d.file_name().to_string_lossy().starts_with("python"))
+            })
+        })
+        .map(|d| d.path())
+        .unwrap_or_else(|| {
+            panic!(
+                "no {} and no Python in {}; {}",
+                runtime::PLUGIN_ENV,
+                lib.display(),
+                runtime::PLUGIN_INSTALL_HINT
+            )
+        });
+    python.join("site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+}
+
+pub fn cpu_client() -> &'static Client {
+    static CLIENT: OnceLock<Client> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        let plugin = runtime::load(&cpu_plugin_path()).expect("load the CPU plugin");
+        Client::create(
+            plugin,
+            &[("cpu_device_count", CreateOption::Int(CPU_DEVICES))],
+        )
+        .expect("create a CPU client")
+    })
+}
+
+/// A GPU client when `RTPU_TEST_GPU_PLUGIN` names a plugin (e.g. jax-cuda13-pjrt's).
+pub fn gpu_client() -> Option<&'static Client> {
+    static CLIENT: OnceLock<Option<Client>> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            let path = std::env::var_os("RTPU_TEST_GPU_PLUGIN")?;
+            let plugin = runtime::load(path.as_ref()).expect("load the GPU plugin");
+            Some(Client::create(plugin, &[]).expect("create a GPU client"))
+        })
+        .as_ref()
+}
+
+/// Stamps every listed `fn(&Client)` as a test on each plugin: always the CPU
+/// plugin, the GPU one when `RTPU_TEST_GPU_PLUGIN` is set (skipped otherwise).
+#[macro_export]
+macro_rules! device_tests {
+    ($($name:ident),* $(,)?) => {
+        mod cpu {
+            $( #[test] fn $name() { super::$name(super::common::cpu_client()) } )*
+        }
+        mod gpu {
+            $(
+                #[test]
+                fn $name() {
+                    match super::common::gpu_client() {
+                        Some(client) => super::$name(client),
+                        None => eprintln!("skipped: RTPU_TEST_GPU_PLUGIN is not set"),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+/// A small deterministic generator, freshly seeded per test run (the seed is
+/// printed so a failure can be replayed with `RTPU_TEST_SEED`).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn fresh(test: &str) -> Rng {
+        let seed = match std::env::var("RTPU_TEST_SEED") {
+            Ok(s) => s.parse().expect("RTPU_TEST_SEED is a u64"),
+            Err(_) => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1),
+        };
+        eprintln!("{test}: RTPU_TEST_SEED={seed}");
+        Rng(seed | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    pub fn f32s(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+}
+
+pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_ne_bytes()).collect()
+}
+
+pub fn f32s_from(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Asserts `got` equals `want` within `rtol * |want| + atol` elementwise.
+pub fn assert_close(got: &[f32], want: &[f32], rtol: f32, atol: f32) {
+    assert_eq!(got.len(), want.len(), "length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= atol + rtol * w.abs(),
+            "element {i}: got {g}, want {w} (rtol {rtol}, atol {atol})"
+        );
+    }
+}
+
+/// Row-major `a[m,k] @ b[k,n]` on the host, accumulated in f64.
+pub fn host_matmul(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k)
+                .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                .sum::<f64>() as f32;
+        }
+    }
+    out
+}

@@ -1,0 +1,1 @@
+//! rtpu's C ABI.
