@@ -1,0 +1,103 @@
+//! The panic boundary and the checks every export runs on C input.
+//!
+//! Every `extern "C"` body runs inside `fallible` or `infallible`: a Rust panic
+//! becomes a PANIC error (or the function's default value), never an unwind
+//! into C or an abort of the host process.
+
+use std::any::Any;
+use std::ffi::{c_char, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::error::{rtpu_error, FfiError};
+
+/// Runs a fallible export body: `Ok` → NULL, `Err` → an owned error, panic →
+/// a PANIC error naming the function.
+pub(crate) fn fallible(
+    function: &'static str,
+    body: impl FnOnce() -> Result<(), FfiError>,
+) -> *mut rtpu_error {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => std::ptr::null_mut(),
+        Ok(Err(error)) => error.into_raw(),
+        Err(payload) => FfiError::panic(function, panic_message(payload.as_ref())).into_raw(),
+    }
+}
+
+/// Runs an export body that cannot report errors; a panic yields `default`.
+pub(crate) fn infallible<T>(default: T, body: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or(default)
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".to_string()
+    }
+}
+
+/// A shared reference to `*ptr`, or INVALID_ARGUMENT naming `what` when NULL.
+///
+/// # Safety
+/// A non-NULL `ptr` must point to a live `T` for the returned lifetime.
+pub(crate) unsafe fn non_null<'a, T>(ptr: *const T, what: &str) -> Result<&'a T, FfiError> {
+    // SAFETY: guaranteed by the caller when non-NULL.
+    unsafe { ptr.as_ref() }.ok_or_else(|| FfiError::null(what))
+}
+
+/// Checks an out-pointer for NULL before any work is done.
+pub(crate) fn out_ptr<T>(ptr: *mut T, what: &str) -> Result<*mut T, FfiError> {
+    if ptr.is_null() {
+        Err(FfiError::null(what))
+    } else {
+        Ok(ptr)
+    }
+}
+
+/// Checks an args struct's `struct_size` against this library's v0 size.
+pub(crate) fn check_struct_size(what: &str, given: usize, minimum: usize) -> Result<(), FfiError> {
+    if given < minimum {
+        return Err(FfiError::invalid(format!(
+            "{what}.struct_size is {given}, smaller than the {minimum} bytes of ABI v0; set it to the \
+             header's {what} size macro"
+        )));
+    }
+    Ok(())
+}
+
+/// A slice from a (pointer, length) pair; NULL is allowed only for length 0.
+///
+/// # Safety
+/// A non-NULL `ptr` must point to `len` readable `T`s for the returned lifetime.
+pub(crate) unsafe fn slice<'a, T>(
+    ptr: *const T,
+    len: usize,
+    what: &str,
+) -> Result<&'a [T], FfiError> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(FfiError::invalid(format!(
+            "{what} is NULL but its length is {len}"
+        )));
+    }
+    // SAFETY: guaranteed by the caller.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// A UTF-8 string from a NUL-terminated C string.
+///
+/// # Safety
+/// A non-NULL `ptr` must point to a NUL-terminated string.
+pub(crate) unsafe fn c_str<'a>(ptr: *const c_char, what: &str) -> Result<&'a str, FfiError> {
+    if ptr.is_null() {
+        return Err(FfiError::null(what));
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { CStr::from_ptr(ptr) }
+        .to_str()
+        .map_err(|_| FfiError::invalid(format!("{what} is not valid UTF-8")))
+}

@@ -1,0 +1,51 @@
+/* Minimal assertion helpers shared by the C tests of librtpu. */
+#ifndef RTPU_TEST_CHECK_H
+#define RTPU_TEST_CHECK_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rtpu.h"
+
+#define CHECK(cond)                                                          \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      exit(1);                                                               \
+    }                                                                        \
+  } while (0)
+
+/* The call must succeed; otherwise print rtpu's message and fail. */
+#define CHECK_OK(call)                                                        \
+  do {                                                                        \
+    rtpu_error *check_ok_err_ = (call);                                       \
+    if (check_ok_err_ != NULL) {                                              \
+      fprintf(stderr, "%s:%d: %s failed (%u): %s\n", __FILE__, __LINE__, #call, \
+              rtpu_error_code(check_ok_err_), rtpu_error_message(check_ok_err_)); \
+      rtpu_error_destroy(check_ok_err_);                                      \
+      exit(1);                                                                \
+    }                                                                         \
+  } while (0)
+
+/* The call must fail with `code` and a non-empty message containing `needle`
+ * (NULL: any message). The error is destroyed. */
+static inline void check_error(rtpu_error *err, unsigned code, const char *needle, const char *what,
+                        const char *file, int line) {
+  if (err == NULL) {
+    fprintf(stderr, "%s:%d: %s succeeded; expected error %u\n", file, line, what, code);
+    exit(1);
+  }
+  const char *message = rtpu_error_message(err);
+  if (rtpu_error_code(err) != code || message == NULL || message[0] == '\0' ||
+      (needle != NULL && strstr(message, needle) == NULL)) {
+    fprintf(stderr, "%s:%d: %s gave error %u \"%s\"; expected %u containing \"%s\"\n", file, line,
+            what, rtpu_error_code(err), message ? message : "(null)", code, needle ? needle : "");
+    exit(1);
+  }
+  rtpu_error_destroy(err);
+}
+
+#define CHECK_ERROR(call, code, needle) check_error((call), (code), (needle), #call, __FILE__, __LINE__)
+
+#endif
