@@ -151,6 +151,77 @@
 #define RTPU_EXECUTE_ARGS_STRUCT_SIZE 40
 
 /**
+ * `None` (an absent optional).
+ */
+#define RTPU_ARG_NONE 0
+
+/**
+ * `tensor` is set.
+ */
+#define RTPU_ARG_TENSOR 1
+
+/**
+ * `int_value` is set (also an integral `Scalar`, `SymInt`, `Layout`, `MemoryFormat`).
+ */
+#define RTPU_ARG_INT 2
+
+/**
+ * `double_value` is set (also a floating `Scalar`).
+ */
+#define RTPU_ARG_DOUBLE 3
+
+/**
+ * `bool_value` is set (also a boolean `Scalar`).
+ */
+#define RTPU_ARG_BOOL 4
+
+/**
+ * `int_list`/`list_size` are set.
+ */
+#define RTPU_ARG_INT_LIST 5
+
+/**
+ * `double_list`/`list_size` are set.
+ */
+#define RTPU_ARG_DOUBLE_LIST 6
+
+/**
+ * `tensor_list`/`list_size` are set; an element whose `storage` is NULL is
+ * an absent optional tensor.
+ */
+#define RTPU_ARG_TENSOR_LIST 7
+
+/**
+ * `int_value` is an `RTPU_DTYPE_*`.
+ */
+#define RTPU_ARG_DTYPE 8
+
+/**
+ * `string_value` is set.
+ */
+#define RTPU_ARG_STRING 9
+
+/**
+ * `int_value` is a device index of the runtime.
+ */
+#define RTPU_ARG_DEVICE 10
+
+/**
+ * A random generator: `int_list` holds `{seed, offset}` (`list_size` 2).
+ */
+#define RTPU_ARG_GENERATOR 11
+
+/**
+ * `sizeof(rtpu_op_output)` in ABI v0.
+ */
+#define RTPU_OP_OUTPUT_STRUCT_SIZE 64
+
+/**
+ * `sizeof(rtpu_metrics)` in ABI v0.
+ */
+#define RTPU_METRICS_STRUCT_SIZE 48
+
+/**
  * The value type of an `rtpu_named_value`.
  */
 #define RTPU_VALUE_INT64 0
@@ -200,12 +271,24 @@ typedef struct rtpu_error rtpu_error;
 typedef struct rtpu_executable rtpu_executable;
 
 /**
+ * The result of an op call; free it with `rtpu_op_result_destroy`.
+ */
+typedef struct rtpu_op_result rtpu_op_result;
+
+/**
  * A PJRT plugin with a client on it. Reference counted: `rtpu_runtime_open`
  * returns one reference; `rtpu_runtime_retain`/`_release` add and drop one.
  * Buffers and executables keep what they need alive on their own, so a
  * runtime may be released before them. Thread-safe.
  */
 typedef struct rtpu_runtime rtpu_runtime;
+
+/**
+ * A device storage of a number of bytes (PyTorch's untyped storage).
+ * Reference counted: `rtpu_storage_new` and every call that returns one
+ * give one reference; drop it with `rtpu_storage_release`. Thread-safe.
+ */
+typedef struct rtpu_storage rtpu_storage;
 
 /**
  * Arguments of `rtpu_buffer_from_host`.
@@ -290,6 +373,112 @@ typedef struct rtpu_execute_args {
   const size_t *donated;
   size_t num_donated;
 } rtpu_execute_args;
+
+/**
+ * A strided view of a storage, as ATen describes a tensor. Borrowed: rtpu
+ * reads it only during the call it is passed to.
+ */
+typedef struct rtpu_tensor_ref {
+  /**
+   * The storage viewed. Required.
+   */
+  const struct rtpu_storage *storage;
+  /**
+   * In elements of `dtype`, >= 0.
+   */
+  int64_t storage_offset;
+  /**
+   * `ndim` sizes (>= 0); may be NULL when `ndim` is 0.
+   */
+  const int64_t *sizes;
+  /**
+   * `ndim` strides in elements (>= 0); may be NULL when `ndim` is 0.
+   */
+  const int64_t *strides;
+  size_t ndim;
+  /**
+   * One of `RTPU_DTYPE_*`.
+   */
+  uint32_t dtype;
+} rtpu_tensor_ref;
+
+/**
+ * One argument of `rtpu_op_call`; `tag` says which fields are set. All
+ * pointers are borrowed for the call only.
+ */
+typedef struct rtpu_op_arg {
+  /**
+   * One of `RTPU_ARG_*`.
+   */
+  uint32_t tag;
+  struct rtpu_tensor_ref tensor;
+  int64_t int_value;
+  double double_value;
+  bool bool_value;
+  const int64_t *int_list;
+  const double *double_list;
+  const struct rtpu_tensor_ref *tensor_list;
+  size_t list_size;
+  /**
+   * NUL-terminated.
+   */
+  const char *string_value;
+} rtpu_op_arg;
+
+/**
+ * One output of an op, filled by `rtpu_op_result_get`.
+ */
+typedef struct rtpu_op_output {
+  /**
+   * In: set to `RTPU_OP_OUTPUT_STRUCT_SIZE` by the caller.
+   */
+  size_t struct_size;
+  /**
+   * A new storage (one reference, which the caller must release), or NULL
+   * when the output is argument `alias_of` itself (in-place and out= ops).
+   */
+  struct rtpu_storage *storage;
+  /**
+   * The index of the argument this output is, or -1 for a new tensor.
+   */
+  int64_t alias_of;
+  /**
+   * The new tensor's view (unset for aliases); `sizes` and `strides` are
+   * owned by the result and live until `rtpu_op_result_destroy`.
+   */
+  int64_t storage_offset;
+  const int64_t *sizes;
+  const int64_t *strides;
+  size_t ndim;
+  /**
+   * One of `RTPU_DTYPE_*` (unset for aliases).
+   */
+  uint32_t dtype;
+} rtpu_op_output;
+
+/**
+ * Engine counters since the process started, filled by `rtpu_metrics_get`.
+ */
+typedef struct rtpu_metrics {
+  /**
+   * In: set to `RTPU_METRICS_STRUCT_SIZE` by the caller.
+   */
+  size_t struct_size;
+  /**
+   * Ops run by `rtpu_op_call`.
+   */
+  uint64_t ops_run;
+  /**
+   * Programs compiled by XLA.
+   */
+  uint64_t executables_compiled;
+  /**
+   * Op calls served by an already compiled program.
+   */
+  uint64_t cache_hits;
+  uint64_t host_to_device_bytes;
+  uint64_t device_to_host_bytes;
+} rtpu_metrics;
 
 /**
  * A named client create option (e.g. `cpu_device_count` for the CPU plugin).
@@ -533,6 +722,49 @@ size_t rtpu_bytes_size(const struct rtpu_bytes *bytes);
 void rtpu_bytes_destroy(struct rtpu_bytes *bytes);
 
 /**
+ * The number of ATen ops rtpu runs natively. Thread-safe.
+ */
+size_t rtpu_op_count(void);
+
+/**
+ * The schema name (e.g. "aten::add.Tensor") of op `index`, below
+ * `rtpu_op_count()`; the index is the op's id for `rtpu_op_call`. Out of
+ * range gives NULL. The string is static. Thread-safe.
+ */
+const char *rtpu_op_name(size_t index);
+
+/**
+ * Runs op `op` (an index below `rtpu_op_count()`) on the runtime's devices.
+ * Inputs are read and in-place outputs written before this returns; any
+ * error leaves every argument's storage as it was. On success the caller
+ * owns `*result_out`. Thread-safe (ops on disjoint storages may run
+ * concurrently).
+ */
+struct rtpu_error *rtpu_op_call(const struct rtpu_runtime *runtime, size_t op, const struct rtpu_op_arg *args, size_t num_args, struct rtpu_op_result **result_out);
+
+/**
+ * The number of outputs. NULL gives 0.
+ */
+size_t rtpu_op_result_count(const struct rtpu_op_result *result);
+
+/**
+ * Fills `*output_out` (whose `struct_size` the caller sets) with output
+ * `index`. A new tensor's `storage` is a new reference the caller releases.
+ */
+struct rtpu_error *rtpu_op_result_get(const struct rtpu_op_result *result, size_t index, struct rtpu_op_output *output_out);
+
+/**
+ * Frees a result (storages handed out by `rtpu_op_result_get` keep their
+ * own references). NULL is a no-op.
+ */
+void rtpu_op_result_destroy(struct rtpu_op_result *result);
+
+/**
+ * Fills `*metrics_out` (whose `struct_size` the caller sets). Thread-safe.
+ */
+struct rtpu_error *rtpu_metrics_get(struct rtpu_metrics *metrics_out);
+
+/**
  * Loads a PJRT plugin and creates a client on it.
  *
  * `args->plugin_path` names the plugin; when NULL, `$RTPU_PLUGIN` does. When
@@ -583,6 +815,54 @@ size_t rtpu_runtime_device_count(const struct rtpu_runtime *runtime);
  * owned by the runtime. Thread-safe.
  */
 struct rtpu_error *rtpu_runtime_device_info(const struct rtpu_runtime *runtime, size_t index, struct rtpu_device_info *info_out);
+
+/**
+ * Creates a storage of `nbytes` on device `device_index` of the runtime. It
+ * reads as zeros until written. On success the caller owns one reference.
+ * Thread-safe.
+ */
+struct rtpu_error *rtpu_storage_new(const struct rtpu_runtime *runtime, size_t device_index, size_t nbytes, struct rtpu_storage **storage_out);
+
+/**
+ * Adds a reference. NULL is a no-op. Thread-safe.
+ */
+void rtpu_storage_retain(const struct rtpu_storage *storage);
+
+/**
+ * Drops a reference; the last frees the storage's device memory. NULL is a
+ * no-op. Thread-safe.
+ */
+void rtpu_storage_release(const struct rtpu_storage *storage);
+
+/**
+ * The storage's size in bytes. NULL gives 0. Thread-safe.
+ */
+size_t rtpu_storage_nbytes(const struct rtpu_storage *storage);
+
+/**
+ * The index of the storage's device in its runtime. NULL gives 0.
+ * Thread-safe.
+ */
+size_t rtpu_storage_device_index(const struct rtpu_storage *storage);
+
+/**
+ * Resizes the storage to `nbytes`, keeping the common prefix; new bytes
+ * read as zeros (PyTorch's `resize_`). Thread-safe.
+ */
+struct rtpu_error *rtpu_storage_resize(const struct rtpu_storage *storage, size_t nbytes);
+
+/**
+ * Writes `nbytes` of dense row-major host data into the view `dst`; the rest
+ * of the storage is unchanged. `nbytes` must be the view's element count
+ * times its dtype's size. Thread-safe.
+ */
+struct rtpu_error *rtpu_tensor_copy_from_host(const struct rtpu_tensor_ref *dst, const void *data, size_t nbytes);
+
+/**
+ * Copies the view `src` to `data` as dense row-major elements; `nbytes`
+ * must be the view's element count times its dtype's size. Thread-safe.
+ */
+struct rtpu_error *rtpu_tensor_copy_to_host(const struct rtpu_tensor_ref *src, void *data, size_t nbytes);
 
 #ifdef __cplusplus
 }  // extern "C"

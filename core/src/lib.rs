@@ -5,8 +5,13 @@
 //! crate in `ffi/` is the C face of it.
 
 pub mod dtype;
+pub mod engine;
 pub mod error;
+pub mod ir;
+pub mod lower;
+pub mod ops;
 pub mod runtime;
+pub mod storage;
 
 pub use dtype::DType;
 pub use error::{Error, ErrorCode, Result};

@@ -58,7 +58,7 @@ pub(crate) fn dtype_from_c(raw: u32) -> Result<DType, FfiError> {
         .ok_or_else(|| FfiError::invalid(format!("dtype {raw} is not one of RTPU_DTYPE_*")))
 }
 
-fn dtype_to_c(dtype: DType) -> Result<u32, FfiError> {
+pub(crate) fn dtype_to_c(dtype: DType) -> Result<u32, FfiError> {
     DTYPES
         .iter()
         .find(|(_, d)| *d == dtype)

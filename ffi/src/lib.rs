@@ -16,7 +16,9 @@ mod boundary;
 pub mod buffer;
 pub mod error;
 pub mod executable;
+pub mod ops;
 pub mod runtime;
+pub mod storage;
 
 use crate::boundary::fallible;
 use crate::error::rtpu_error;

@@ -138,6 +138,13 @@ fn bad_input_gives_errors_not_crashes() {
 }
 
 #[test]
+fn storages_views_and_op_calls() {
+    let exe = out_dir().join("ops");
+    compile("cc", "-std=c11", "tests/c/ops.c", &exe, &[]);
+    run(&exe, &[]);
+}
+
+#[test]
 fn header_compiles_as_cpp17() {
     let exe = out_dir().join("header_compiles");
     compile(

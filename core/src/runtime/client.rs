@@ -136,6 +136,11 @@ impl Client {
         })
     }
 
+    /// Identifies the client (equal for clones) for caches keyed by client.
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     pub fn plugin(&self) -> &'static Plugin {
         self.inner.plugin
     }

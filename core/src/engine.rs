@@ -1,0 +1,1030 @@
+//! The eager engine: runs one ATen op as one XLA program.
+//!
+//! An op's lowering (in `ops`) describes its computation on a `Builder`: it
+//! reads tensor arguments (strided views of storages become slices,
+//! transposes, broadcasts or gathers of the storage's flat buffer), takes
+//! scalar arguments as device inputs (so a changing learning rate does not
+//! recompile), and either returns new tensors or writes into argument views
+//! (a new version of the storage: update-slice or scatter). The engine lowers
+//! the graph to StableHLO, compiles it once per distinct text and device, runs
+//! it, and installs the results.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::{BinaryOp, Graph, Literal, Node, TensorType, UnaryOp, ValueId};
+use crate::lower::lower;
+use crate::ops;
+use crate::runtime::{Buffer, Client, CompileOptions, ExecuteOptions, LoadedExecutable};
+use crate::storage::{Storage, StorageValue, View};
+
+/// A tensor argument: a view of a storage.
+#[derive(Clone)]
+pub struct TensorArg {
+    pub storage: Arc<Storage>,
+    pub view: View,
+}
+
+/// One op argument, mirroring `c10::IValue`.
+#[derive(Clone)]
+pub enum Arg {
+    None,
+    Tensor(TensorArg),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    IntList(Vec<i64>),
+    FloatList(Vec<f64>),
+    TensorList(Vec<Option<TensorArg>>),
+    ScalarType(DType),
+    Str(String),
+    /// A device index of the client.
+    Device(i64),
+    Generator {
+        seed: u64,
+        offset: u64,
+    },
+}
+
+impl Arg {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Arg::None => "None",
+            Arg::Tensor(_) => "Tensor",
+            Arg::Int(_) => "int",
+            Arg::Float(_) => "float",
+            Arg::Bool(_) => "bool",
+            Arg::IntList(_) => "int[]",
+            Arg::FloatList(_) => "float[]",
+            Arg::TensorList(_) => "Tensor[]",
+            Arg::ScalarType(_) => "ScalarType",
+            Arg::Str(_) => "str",
+            Arg::Device(_) => "Device",
+            Arg::Generator { .. } => "Generator",
+        }
+    }
+}
+
+/// One result of an op.
+pub enum Output {
+    /// The op wrote into argument `index` (in-place and out= ops) and returns it.
+    Alias(usize),
+    /// A new tensor.
+    New { storage: Arc<Storage>, view: View },
+}
+
+/// Counters of the engine since process start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Metrics {
+    pub ops_run: u64,
+    pub executables_compiled: u64,
+    pub cache_hits: u64,
+    pub host_to_device_bytes: u64,
+    pub device_to_host_bytes: u64,
+}
+
+static OPS_RUN: AtomicU64 = AtomicU64::new(0);
+static COMPILED: AtomicU64 = AtomicU64::new(0);
+static CACHE_HITS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static H2D_BYTES: AtomicU64 = AtomicU64::new(0);
+pub(crate) static D2H_BYTES: AtomicU64 = AtomicU64::new(0);
+
+pub fn metrics() -> Metrics {
+    Metrics {
+        ops_run: OPS_RUN.load(Ordering::Relaxed),
+        executables_compiled: COMPILED.load(Ordering::Relaxed),
+        cache_hits: CACHE_HITS.load(Ordering::Relaxed),
+        host_to_device_bytes: H2D_BYTES.load(Ordering::Relaxed),
+        device_to_host_bytes: D2H_BYTES.load(Ordering::Relaxed),
+    }
+}
+
+/// Schema names of the ops the engine runs; an op's id is its index here.
+pub fn op_names() -> Vec<&'static str> {
+    ops::table().iter().map(|op| op.name).collect()
+}
+
+/// The id of the op with this schema name.
+pub fn find_op(name: &str) -> Option<usize> {
+    ops::table().iter().position(|op| op.name == name)
+}
+
+/// Runs op `op` (an index into `op_names()`) on `args`.
+pub fn call(client: &Client, op: usize, args: &[Arg]) -> Result<Vec<Output>> {
+    let def = ops::table()
+        .get(op)
+        .ok_or_else(|| Error::invalid("op id", format!("less than {}", ops::table().len()), op))?;
+    let mut builder = Builder::new(client, def.name, args);
+    (def.lower)(&mut builder)?;
+    let outputs = builder.run()?;
+    OPS_RUN.fetch_add(1, Ordering::Relaxed);
+    Ok(outputs)
+}
+
+/// What feeds one graph parameter at execution time.
+enum ParamSource {
+    Storage(Arc<Buffer>),
+    Host {
+        bytes: Vec<u8>,
+        dtype: DType,
+        dims: Vec<i64>,
+    },
+}
+
+/// A storage the op reads or writes, with its current flat value in the graph.
+struct StorageSlot {
+    storage: Arc<Storage>,
+    /// The flat value as stored (dtype of the storage's value).
+    flat: ValueId,
+    written: bool,
+}
+
+enum PendingOutput {
+    Alias(usize),
+    New { value: ValueId, sizes: Vec<i64> },
+}
+
+/// Builds one op's graph. Ops use its typed helpers; every helper checks
+/// shapes and dtypes so a mismatch is an error, not a bad program.
+pub struct Builder<'a> {
+    client: &'a Client,
+    op: &'static str,
+    args: &'a [Arg],
+    graph: Graph,
+    sources: Vec<ParamSource>,
+    slots: Vec<StorageSlot>,
+    outputs: Vec<PendingOutput>,
+    device_index: Option<usize>,
+}
+
+impl<'a> Builder<'a> {
+    fn new(client: &'a Client, op: &'static str, args: &'a [Arg]) -> Builder<'a> {
+        Builder {
+            client,
+            op,
+            args,
+            graph: Graph::default(),
+            sources: Vec::new(),
+            slots: Vec::new(),
+            outputs: Vec::new(),
+            device_index: None,
+        }
+    }
+
+    pub fn op_name(&self) -> &'static str {
+        self.op
+    }
+
+    /// An error about argument `index` of this op.
+    pub fn arg_error(
+        &self,
+        index: usize,
+        expected: impl std::fmt::Display,
+        got: impl std::fmt::Display,
+    ) -> Error {
+        Error::invalid(format!("{} argument {index}", self.op), expected, got)
+    }
+
+    // ----- arguments -----------------------------------------------------
+
+    pub fn arg(&self, index: usize) -> Result<&'a Arg> {
+        self.args.get(index).ok_or_else(|| {
+            self.arg_error(
+                index,
+                "an argument",
+                format!("{} arguments", self.args.len()),
+            )
+        })
+    }
+
+    pub fn num_args(&self) -> usize {
+        self.args.len()
+    }
+
+    pub fn tensor_arg(&self, index: usize) -> Result<&'a TensorArg> {
+        match self.arg(index)? {
+            Arg::Tensor(t) => Ok(t),
+            other => Err(self.arg_error(index, "a Tensor", other.kind())),
+        }
+    }
+
+    pub fn opt_tensor_arg(&self, index: usize) -> Result<Option<&'a TensorArg>> {
+        match self.args.get(index) {
+            None | Some(Arg::None) => Ok(None),
+            Some(Arg::Tensor(t)) => Ok(Some(t)),
+            Some(other) => Err(self.arg_error(index, "a Tensor or None", other.kind())),
+        }
+    }
+
+    pub fn tensor_list_arg(&self, index: usize) -> Result<Vec<&'a TensorArg>> {
+        match self.arg(index)? {
+            Arg::TensorList(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    t.as_ref()
+                        .ok_or_else(|| self.arg_error(index, "tensors", format!("None at {i}")))
+                })
+                .collect(),
+            other => Err(self.arg_error(index, "a Tensor[]", other.kind())),
+        }
+    }
+
+    pub fn int_arg(&self, index: usize) -> Result<i64> {
+        match self.arg(index)? {
+            Arg::Int(v) => Ok(*v),
+            Arg::Bool(v) => Ok(*v as i64),
+            other => Err(self.arg_error(index, "an int", other.kind())),
+        }
+    }
+
+    pub fn opt_int_arg(&self, index: usize) -> Result<Option<i64>> {
+        match self.args.get(index) {
+            None | Some(Arg::None) => Ok(None),
+            _ => self.int_arg(index).map(Some),
+        }
+    }
+
+    pub fn bool_arg(&self, index: usize) -> Result<bool> {
+        match self.arg(index)? {
+            Arg::Bool(v) => Ok(*v),
+            Arg::Int(v) => Ok(*v != 0),
+            other => Err(self.arg_error(index, "a bool", other.kind())),
+        }
+    }
+
+    pub fn float_arg(&self, index: usize) -> Result<f64> {
+        match self.arg(index)? {
+            Arg::Float(v) => Ok(*v),
+            Arg::Int(v) => Ok(*v as f64),
+            Arg::Bool(v) => Ok(*v as i64 as f64),
+            other => Err(self.arg_error(index, "a float", other.kind())),
+        }
+    }
+
+    pub fn int_list_arg(&self, index: usize) -> Result<Vec<i64>> {
+        match self.arg(index)? {
+            Arg::IntList(v) => Ok(v.clone()),
+            Arg::Int(v) => Ok(vec![*v]),
+            other => Err(self.arg_error(index, "an int[]", other.kind())),
+        }
+    }
+
+    pub fn opt_int_list_arg(&self, index: usize) -> Result<Option<Vec<i64>>> {
+        match self.args.get(index) {
+            None | Some(Arg::None) => Ok(None),
+            _ => self.int_list_arg(index).map(Some),
+        }
+    }
+
+    pub fn opt_dtype_arg(&self, index: usize) -> Result<Option<DType>> {
+        match self.args.get(index) {
+            None | Some(Arg::None) => Ok(None),
+            Some(Arg::ScalarType(d)) => Ok(Some(*d)),
+            Some(other) => Err(self.arg_error(index, "a ScalarType or None", other.kind())),
+        }
+    }
+
+    /// True when argument `index` is a Python number (a `Scalar`).
+    pub fn is_scalar(&self, index: usize) -> bool {
+        matches!(
+            self.args.get(index),
+            Some(Arg::Int(_) | Arg::Float(_) | Arg::Bool(_))
+        )
+    }
+
+    /// Chooses the device the op runs on; all tensors must share it.
+    pub fn use_device(&mut self, index: usize) -> Result<()> {
+        match self.device_index {
+            Some(current) if current != index => Err(Error::invalid(
+                format!("{}: tensors' devices", self.op),
+                format!("all on tpu:{current}"),
+                format!("a tensor on tpu:{index}"),
+            )),
+            _ => {
+                if index >= self.client.device_count() {
+                    return Err(Error::invalid(
+                        "device index",
+                        format!("less than {}", self.client.device_count()),
+                        index,
+                    ));
+                }
+                self.device_index = Some(index);
+                Ok(())
+            }
+        }
+    }
+
+    // ----- graph construction -------------------------------------------
+
+    pub fn ty(&self, v: ValueId) -> &TensorType {
+        self.graph.ty(v)
+    }
+
+    pub fn dims(&self, v: ValueId) -> Vec<i64> {
+        self.graph.ty(v).dims.clone()
+    }
+
+    pub fn dtype(&self, v: ValueId) -> DType {
+        self.graph.ty(v).dtype
+    }
+
+    fn push(&mut self, node: Node, ty: TensorType) -> ValueId {
+        self.graph.nodes.push((node, ty));
+        self.graph.nodes.len() - 1
+    }
+
+    fn param(&mut self, ty: TensorType, source: ParamSource) -> ValueId {
+        let index = self.graph.params.len();
+        self.graph.params.push(ty.clone());
+        self.sources.push(source);
+        self.push(Node::Param(index), ty)
+    }
+
+    /// A structural constant (identities, offsets): baked into the program.
+    pub fn constant(&mut self, literal: Literal, dtype: DType, dims: &[i64]) -> ValueId {
+        self.push(Node::Constant(literal), TensorType::new(dtype, dims))
+    }
+
+    /// A scalar argument as a 0-d device input of `dtype`: its value does not
+    /// enter the program text, so new values do not recompile.
+    pub fn scalar_input(&mut self, literal: Literal, dtype: DType) -> ValueId {
+        let bytes = scalar_bytes(literal, dtype);
+        self.param(
+            TensorType::new(dtype, &[]),
+            ParamSource::Host {
+                bytes,
+                dtype,
+                dims: vec![],
+            },
+        )
+    }
+
+    /// Scalar argument `index` as a 0-d device input of `dtype`.
+    pub fn scalar_arg(&mut self, index: usize, dtype: DType) -> Result<ValueId> {
+        let literal = match self.arg(index)? {
+            Arg::Float(v) => Literal::Float(*v),
+            Arg::Int(v) => Literal::Int(*v),
+            Arg::Bool(v) => Literal::Bool(*v),
+            other => return Err(self.arg_error(index, "a Scalar", other.kind())),
+        };
+        Ok(self.scalar_input(literal, dtype))
+    }
+
+    /// A `ui64[2]` Threefry key from a generator's state, as a device input.
+    pub fn rng_key(&mut self, seed: u64, offset: u64) -> ValueId {
+        let mut bytes = seed.to_ne_bytes().to_vec();
+        bytes.extend_from_slice(&offset.to_ne_bytes());
+        self.param(
+            TensorType::new(DType::U64, &[2]),
+            ParamSource::Host {
+                bytes,
+                dtype: DType::U64,
+                dims: vec![2],
+            },
+        )
+    }
+
+    pub fn iota(&mut self, dtype: DType, dims: &[i64], dim: usize) -> ValueId {
+        self.push(Node::Iota { dim }, TensorType::new(dtype, dims))
+    }
+
+    pub fn unary(&mut self, op: UnaryOp, x: ValueId) -> ValueId {
+        let ty = self.ty(x).clone();
+        self.push(Node::Unary(op, x), ty)
+    }
+
+    /// Elementwise binary op on operands of equal type.
+    pub fn binary(&mut self, op: BinaryOp, x: ValueId, y: ValueId) -> Result<ValueId> {
+        if self.ty(x) != self.ty(y) {
+            return Err(Error::invalid(
+                format!("{}: {op:?} operands", self.op),
+                self.ty(x).to_string(),
+                self.ty(y).to_string(),
+            ));
+        }
+        let ty = self.ty(x).clone();
+        Ok(self.push(Node::Binary(op, x, y), ty))
+    }
+
+    pub fn compare(
+        &mut self,
+        dir: crate::ir::CompareDir,
+        x: ValueId,
+        y: ValueId,
+    ) -> Result<ValueId> {
+        if self.ty(x) != self.ty(y) {
+            return Err(Error::invalid(
+                format!("{}: compare operands", self.op),
+                self.ty(x).to_string(),
+                self.ty(y).to_string(),
+            ));
+        }
+        let dims = self.dims(x);
+        Ok(self.push(
+            Node::Compare(dir, x, y),
+            TensorType::new(DType::Bool, &dims),
+        ))
+    }
+
+    pub fn select(
+        &mut self,
+        pred: ValueId,
+        on_true: ValueId,
+        on_false: ValueId,
+    ) -> Result<ValueId> {
+        if self.ty(on_true) != self.ty(on_false) || self.dims(pred) != self.dims(on_true) {
+            return Err(Error::invalid(
+                format!("{}: select operands", self.op),
+                self.ty(on_true).to_string(),
+                format!("{} and predicate {}", self.ty(on_false), self.ty(pred)),
+            ));
+        }
+        let ty = self.ty(on_true).clone();
+        Ok(self.push(
+            Node::Select {
+                pred,
+                on_true,
+                on_false,
+            },
+            ty,
+        ))
+    }
+
+    /// Converts to `dtype` (no node when it already is).
+    pub fn convert(&mut self, x: ValueId, dtype: DType) -> ValueId {
+        if self.dtype(x) == dtype {
+            return x;
+        }
+        let dims = self.dims(x);
+        if dtype == DType::Bool {
+            // Numeric → bool is "!= 0", which convert does not promise.
+            let zero = self.constant(Literal::Int(0), self.dtype(x), &dims);
+            return self.push(
+                Node::Compare(crate::ir::CompareDir::Ne, x, zero),
+                TensorType::new(DType::Bool, &dims),
+            );
+        }
+        self.push(Node::Convert(x), TensorType::new(dtype, &dims))
+    }
+
+    pub fn bitcast(&mut self, x: ValueId, dtype: DType) -> ValueId {
+        if self.dtype(x) == dtype {
+            return x;
+        }
+        let dims = self.dims(x);
+        self.push(Node::BitcastConvert(x), TensorType::new(dtype, &dims))
+    }
+
+    pub fn reshape(&mut self, x: ValueId, dims: &[i64]) -> Result<ValueId> {
+        if self.dims(x) == dims {
+            return Ok(x);
+        }
+        let numel: i64 = dims.iter().product();
+        if numel != self.ty(x).numel() {
+            return Err(Error::invalid(
+                format!("{}: reshape", self.op),
+                format!("{} elements", self.ty(x).numel()),
+                format!("{dims:?}"),
+            ));
+        }
+        let dtype = self.dtype(x);
+        Ok(self.push(Node::Reshape(x), TensorType::new(dtype, dims)))
+    }
+
+    pub fn transpose(&mut self, x: ValueId, perm: &[i64]) -> ValueId {
+        if perm.iter().enumerate().all(|(i, &p)| p == i as i64) {
+            return x;
+        }
+        let src = self.dims(x);
+        let dims: Vec<i64> = perm.iter().map(|&p| src[p as usize]).collect();
+        let dtype = self.dtype(x);
+        self.push(
+            Node::Transpose {
+                operand: x,
+                perm: perm.to_vec(),
+            },
+            TensorType::new(dtype, &dims),
+        )
+    }
+
+    /// `broadcast_in_dim`: operand dim i becomes result dim `dims[i]`.
+    pub fn broadcast_in_dim(&mut self, x: ValueId, out_dims: &[i64], dims: &[i64]) -> ValueId {
+        if self.dims(x) == out_dims && dims.iter().enumerate().all(|(i, &d)| d == i as i64) {
+            return x;
+        }
+        let dtype = self.dtype(x);
+        self.push(
+            Node::Broadcast {
+                operand: x,
+                dims: dims.to_vec(),
+            },
+            TensorType::new(dtype, out_dims),
+        )
+    }
+
+    /// NumPy-style broadcast of `x` to `out_dims` (trailing alignment).
+    pub fn broadcast_to(&mut self, x: ValueId, out_dims: &[i64]) -> Result<ValueId> {
+        let src = self.dims(x);
+        if src == out_dims {
+            return Ok(x);
+        }
+        if src.len() > out_dims.len() {
+            return Err(Error::invalid(
+                format!("{}: broadcast", self.op),
+                format!("{out_dims:?}"),
+                format!("{src:?}"),
+            ));
+        }
+        let lead = out_dims.len() - src.len();
+        // Size-1 source dims that stretch are dropped by a reshape first.
+        let mut kept_dims = Vec::new();
+        let mut kept_sizes = Vec::new();
+        for (i, &s) in src.iter().enumerate() {
+            let target = out_dims[lead + i];
+            if s == target {
+                kept_dims.push((lead + i) as i64);
+                kept_sizes.push(s);
+            } else if s != 1 {
+                return Err(Error::invalid(
+                    format!("{}: shapes for broadcasting", self.op),
+                    format!("{src:?} to broadcast to {out_dims:?}"),
+                    format!("size {s} against {target} at dim {i}"),
+                ));
+            }
+        }
+        let reshaped = self.reshape(x, &kept_sizes)?;
+        Ok(self.broadcast_in_dim(reshaped, out_dims, &kept_dims))
+    }
+
+    pub fn slice(&mut self, x: ValueId, start: &[i64], limit: &[i64], strides: &[i64]) -> ValueId {
+        let dims: Vec<i64> = start
+            .iter()
+            .zip(limit)
+            .zip(strides)
+            .map(|((s, l), st)| (l - s + st - 1) / st)
+            .collect();
+        if dims == self.dims(x) {
+            return x;
+        }
+        let dtype = self.dtype(x);
+        self.push(
+            Node::Slice {
+                operand: x,
+                start: start.to_vec(),
+                limit: limit.to_vec(),
+                strides: strides.to_vec(),
+            },
+            TensorType::new(dtype, &dims),
+        )
+    }
+
+    pub fn concat(&mut self, values: &[ValueId], dim: usize) -> Result<ValueId> {
+        let first = self.dims(values[0]);
+        let dtype = self.dtype(values[0]);
+        let mut out = first.clone();
+        out[dim] = 0;
+        for &v in values {
+            let d = self.dims(v);
+            if d.len() != first.len() || self.dtype(v) != dtype {
+                return Err(Error::invalid(
+                    format!("{}: concatenated tensors", self.op),
+                    self.ty(values[0]).to_string(),
+                    self.ty(v).to_string(),
+                ));
+            }
+            out[dim] += d[dim];
+        }
+        if values.len() == 1 {
+            return Ok(values[0]);
+        }
+        Ok(self.push(
+            Node::Concat {
+                operands: values.to_vec(),
+                dim,
+            },
+            TensorType::new(dtype, &out),
+        ))
+    }
+
+    /// `dot_general` with result dims batch…, lhs free…, rhs free….
+    pub fn dot(
+        &mut self,
+        lhs: ValueId,
+        rhs: ValueId,
+        batch: (&[i64], &[i64]),
+        contract: (&[i64], &[i64]),
+        out_dtype: DType,
+    ) -> Result<ValueId> {
+        let (l, r) = (self.dims(lhs), self.dims(rhs));
+        for (&a, &b) in batch
+            .0
+            .iter()
+            .zip(batch.1)
+            .chain(contract.0.iter().zip(contract.1))
+        {
+            if l[a as usize] != r[b as usize] {
+                return Err(Error::invalid(
+                    format!("{}: matrix shapes", self.op),
+                    format!("matching sizes for {l:?} and {r:?}"),
+                    format!("{} against {}", l[a as usize], r[b as usize]),
+                ));
+            }
+        }
+        let mut dims: Vec<i64> = batch.0.iter().map(|&d| l[d as usize]).collect();
+        let free = |shape: &[i64], used: &[i64]| -> Vec<i64> {
+            (0..shape.len() as i64)
+                .filter(|d| !used.contains(d))
+                .map(|d| shape[d as usize])
+                .collect()
+        };
+        dims.extend(free(&l, &[batch.0, contract.0].concat()));
+        dims.extend(free(&r, &[batch.1, contract.1].concat()));
+        Ok(self.push(
+            Node::Dot {
+                lhs,
+                rhs,
+                lhs_batch: batch.0.to_vec(),
+                rhs_batch: batch.1.to_vec(),
+                lhs_contract: contract.0.to_vec(),
+                rhs_contract: contract.1.to_vec(),
+            },
+            TensorType::new(out_dtype, &dims),
+        ))
+    }
+
+    pub fn reduce(&mut self, x: ValueId, op: crate::ir::ReduceOp, dims: &[i64]) -> ValueId {
+        if dims.is_empty() {
+            return x;
+        }
+        let src = self.dims(x);
+        let out: Vec<i64> = (0..src.len())
+            .filter(|d| !dims.contains(&(*d as i64)))
+            .map(|d| src[d])
+            .collect();
+        let dtype = self.dtype(x);
+        self.push(
+            Node::Reduce {
+                operand: x,
+                op,
+                dims: dims.to_vec(),
+            },
+            TensorType::new(dtype, &out),
+        )
+    }
+
+    pub fn rng_bits(&mut self, key: ValueId, dtype: DType, dims: &[i64]) -> ValueId {
+        self.push(Node::RngBits { key }, TensorType::new(dtype, dims))
+    }
+
+    pub fn flat_gather(&mut self, flat: ValueId, indices: ValueId) -> ValueId {
+        let dims = self.dims(indices);
+        let dtype = self.dtype(flat);
+        self.push(
+            Node::FlatGather {
+                operand: flat,
+                indices,
+            },
+            TensorType::new(dtype, &dims),
+        )
+    }
+
+    // ----- storages and views -------------------------------------------
+
+    fn slot(&mut self, storage: &Arc<Storage>) -> Result<usize> {
+        if let Some(i) = self
+            .slots
+            .iter()
+            .position(|s| Arc::ptr_eq(&s.storage, storage))
+        {
+            return Ok(i);
+        }
+        self.use_device(storage.device_index())?;
+        let flat = match storage.value() {
+            StorageValue::Buffer { buffer, dtype } => {
+                let elements = storage.elements(dtype)? as i64;
+                self.param(
+                    TensorType::new(dtype, &[elements]),
+                    ParamSource::Storage(buffer),
+                )
+            }
+            // Never written: zeros, typed as bytes until a reader types it.
+            StorageValue::Zeros => {
+                let elements = storage.nbytes() as i64;
+                self.constant(Literal::Int(0), DType::U8, &[elements])
+            }
+        };
+        self.slots.push(StorageSlot {
+            storage: storage.clone(),
+            flat,
+            written: false,
+        });
+        Ok(self.slots.len() - 1)
+    }
+
+    /// The slot's flat value seen as `dtype`: a bitcast for another dtype of
+    /// the same width, a zeros constant for a never-written storage.
+    fn flat_as(&mut self, slot: usize, dtype: DType) -> Result<ValueId> {
+        let flat = self.slots[slot].flat;
+        let have = self.dtype(flat);
+        if have == dtype {
+            return Ok(flat);
+        }
+        let storage = self.slots[slot].storage.clone();
+        let elements = storage.elements(dtype)? as i64;
+        if matches!(self.graph.nodes[flat].0, Node::Constant(Literal::Int(0))) {
+            return Ok(self.constant(Literal::Int(0), dtype, &[elements]));
+        }
+        if have.size_in_bytes() != dtype.size_in_bytes()
+            || dtype == DType::Bool
+            || have == DType::Bool
+        {
+            return Err(Error::invalid(
+                format!("{}: a storage holding {have} read as {dtype}", self.op),
+                format!("a dtype of {} bytes", have.size_in_bytes()),
+                format!("{} bytes", dtype.size_in_bytes()),
+            ));
+        }
+        Ok(self.bitcast(flat, dtype))
+    }
+
+    /// Storage element indices of `view` as an s64 tensor of its sizes.
+    fn view_indices(&mut self, view: &View) -> ValueId {
+        let dims = view.sizes.clone();
+        let mut acc = self.constant(Literal::Int(view.offset), DType::I64, &dims);
+        for (d, (&size, &stride)) in view.sizes.iter().zip(&view.strides).enumerate() {
+            if size <= 1 || stride == 0 {
+                continue;
+            }
+            let iota = self.iota(DType::I64, &dims, d);
+            let s = self.constant(Literal::Int(stride), DType::I64, &dims);
+            let term = self.push(
+                Node::Binary(BinaryOp::Mul, iota, s),
+                TensorType::new(DType::I64, &dims),
+            );
+            acc = self.push(
+                Node::Binary(BinaryOp::Add, acc, term),
+                TensorType::new(DType::I64, &dims),
+            );
+        }
+        acc
+    }
+
+    /// Reads `view` of the flat value: slice + reshape + transpose +
+    /// broadcast when the strides are a permuted contiguous layout, a gather
+    /// otherwise.
+    fn read_view(&mut self, flat: ValueId, view: &View) -> Result<ValueId> {
+        let numel = view.numel() as i64;
+        if numel == 0 {
+            return Ok(self.constant(Literal::Int(0), view.dtype, &view.sizes));
+        }
+        // Dims that really step through memory, outermost first.
+        let mut stepping: Vec<usize> = (0..view.sizes.len())
+            .filter(|&d| view.sizes[d] > 1 && view.strides[d] != 0)
+            .collect();
+        stepping.sort_by_key(|&d| std::cmp::Reverse(view.strides[d]));
+        let dense = stepping.iter().rev().try_fold(1i64, |expected, &d| {
+            (view.strides[d] == expected).then_some(expected * view.sizes[d])
+        });
+        let Some(span) = dense else {
+            let indices = self.view_indices(view);
+            return Ok(self.flat_gather(flat, indices));
+        };
+        let base = self.slice(flat, &[view.offset], &[view.offset + span], &[1]);
+        let sorted_sizes: Vec<i64> = stepping.iter().map(|&d| view.sizes[d]).collect();
+        let shaped = self.reshape(base, &sorted_sizes)?;
+        // Transpose the stepping dims into their order in the view.
+        let mut in_view_order: Vec<usize> = stepping.clone();
+        in_view_order.sort();
+        let perm: Vec<i64> = in_view_order
+            .iter()
+            .map(|d| stepping.iter().position(|s| s == d).unwrap_or(0) as i64)
+            .collect();
+        let ordered = self.transpose(shaped, &perm);
+        // Insert size-1 and broadcast (stride 0) dims.
+        let targets: Vec<i64> = in_view_order.iter().map(|&d| d as i64).collect();
+        Ok(self.broadcast_in_dim(ordered, &view.sizes, &targets))
+    }
+
+    /// Reads tensor argument `index` as a value of its sizes and dtype.
+    pub fn tensor(&mut self, index: usize) -> Result<ValueId> {
+        let t = self.tensor_arg(index)?;
+        self.read(t)
+    }
+
+    /// Reads a tensor (e.g. an element of a Tensor[] argument).
+    pub fn read(&mut self, t: &TensorArg) -> Result<ValueId> {
+        let slot = self.slot(&t.storage)?;
+        t.view.check_within(t.storage.elements(t.view.dtype)?)?;
+        let flat = self.flat_as(slot, t.view.dtype)?;
+        self.read_view(flat, &t.view)
+    }
+
+    /// Writes `value` (converted to the view's dtype, broadcast to its sizes)
+    /// into tensor `t`, as a new version of its storage.
+    pub fn write(&mut self, t: &TensorArg, value: ValueId) -> Result<()> {
+        let view = &t.view;
+        let slot = self.slot(&t.storage)?;
+        let elements = t.storage.elements(view.dtype)? as i64;
+        view.check_within(elements as usize)?;
+        let value = self.convert(value, view.dtype);
+        let value = self.broadcast_to(value, &view.sizes)?;
+        if view.numel() == 0 {
+            return Ok(());
+        }
+        let numel = view.numel() as i64;
+        let flat_value = if view.offset == 0 && view.is_contiguous() && numel == elements {
+            self.reshape(value, &[elements])?
+        } else {
+            let flat = self.flat_as(slot, view.dtype)?;
+            if view.is_contiguous() {
+                let update = self.reshape(value, &[numel])?;
+                let ty = self.ty(flat).clone();
+                self.push(
+                    Node::UpdateSlice {
+                        operand: flat,
+                        update,
+                        start: vec![view.offset],
+                    },
+                    ty,
+                )
+            } else {
+                let indices = self.view_indices(view);
+                let ty = self.ty(flat).clone();
+                self.push(
+                    Node::FlatScatter {
+                        operand: flat,
+                        indices,
+                        updates: value,
+                    },
+                    ty,
+                )
+            }
+        };
+        self.slots[slot].flat = flat_value;
+        self.slots[slot].written = true;
+        Ok(())
+    }
+
+    /// Writes `value` into tensor argument `index` and returns it as an output.
+    pub fn write_arg(&mut self, index: usize, value: ValueId) -> Result<()> {
+        let t = self.tensor_arg(index)?;
+        self.write(t, value)?;
+        self.outputs.push(PendingOutput::Alias(index));
+        Ok(())
+    }
+
+    /// Returns argument `index` as an output without writing it.
+    pub fn alias_output(&mut self, index: usize) {
+        self.outputs.push(PendingOutput::Alias(index));
+    }
+
+    /// Returns `value` as a new contiguous tensor.
+    pub fn output(&mut self, value: ValueId) -> Result<()> {
+        let sizes = self.dims(value);
+        let flat = self.reshape(value, &[sizes.iter().product()])?;
+        self.outputs.push(PendingOutput::New { value: flat, sizes });
+        Ok(())
+    }
+
+    // ----- execution -----------------------------------------------------
+
+    fn run(mut self) -> Result<Vec<Output>> {
+        let device_index = self.device_index.unwrap_or(0);
+        let mut graph_outputs = Vec::new();
+        for out in &self.outputs {
+            if let PendingOutput::New { value, .. } = out {
+                graph_outputs.push(*value);
+            }
+        }
+        let written: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].written)
+            .collect();
+        for &i in &written {
+            graph_outputs.push(self.slots[i].flat);
+        }
+        if graph_outputs.is_empty() {
+            return Ok(self
+                .outputs
+                .iter()
+                .map(|o| match o {
+                    PendingOutput::Alias(i) => Output::Alias(*i),
+                    PendingOutput::New { .. } => unreachable!("new outputs are graph outputs"),
+                })
+                .collect());
+        }
+        self.graph.outputs = graph_outputs;
+        let text = lower(&self.graph);
+        let exe = executable(self.client, device_index, text)?;
+        let device = self.client.device(device_index)?;
+        let mut uploaded = Vec::new();
+        for source in &self.sources {
+            if let ParamSource::Host { bytes, dtype, dims } = source {
+                H2D_BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                uploaded.push(self.client.buffer_from_host(bytes, *dtype, dims, &device)?);
+            }
+        }
+        let mut host = uploaded.iter();
+        let args: Vec<&Buffer> = self
+            .sources
+            .iter()
+            .map(|s| match s {
+                ParamSource::Storage(buffer) => buffer.as_ref(),
+                ParamSource::Host { .. } => host.next().expect("one upload per host source"),
+            })
+            .collect();
+        let mut results = exe
+            .execute(&[&args], &ExecuteOptions::default())?
+            .into_iter()
+            .next()
+            .unwrap_or_default()
+            .into_iter();
+
+        let mut outputs = Vec::with_capacity(self.outputs.len());
+        for out in &self.outputs {
+            outputs.push(match out {
+                PendingOutput::Alias(i) => Output::Alias(*i),
+                PendingOutput::New { value, sizes } => {
+                    let buffer = results.next().ok_or_else(|| {
+                        Error::invalid("program outputs", "one per result", "fewer")
+                    })?;
+                    let dtype = self.graph.ty(*value).dtype;
+                    let storage = Storage::from_buffer(self.client, device_index, buffer, dtype)?;
+                    Output::New {
+                        storage,
+                        view: View::contiguous(sizes, dtype),
+                    }
+                }
+            });
+        }
+        for &i in &written {
+            let buffer = results.next().ok_or_else(|| {
+                Error::invalid("program outputs", "one per written storage", "fewer")
+            })?;
+            let dtype = self.graph.ty(self.slots[i].flat).dtype;
+            self.slots[i].storage.set_value(buffer, dtype)?;
+        }
+        Ok(outputs)
+    }
+}
+
+/// Host bytes of a scalar converted to `dtype` (PyTorch's scalar casts).
+fn scalar_bytes(literal: Literal, dtype: DType) -> Vec<u8> {
+    let f = match literal {
+        Literal::Float(x) => x,
+        Literal::Int(x) => x as f64,
+        Literal::Bool(x) => x as i64 as f64,
+    };
+    let i = match literal {
+        Literal::Float(x) => x as i64,
+        Literal::Int(x) => x,
+        Literal::Bool(x) => x as i64,
+    };
+    match dtype {
+        DType::Bool => vec![(f != 0.0) as u8],
+        DType::I8 => (i as i8).to_ne_bytes().to_vec(),
+        DType::I16 => (i as i16).to_ne_bytes().to_vec(),
+        DType::I32 => (i as i32).to_ne_bytes().to_vec(),
+        DType::I64 => i.to_ne_bytes().to_vec(),
+        DType::U8 => (i as u8).to_ne_bytes().to_vec(),
+        DType::U16 => (i as u16).to_ne_bytes().to_vec(),
+        DType::U32 => (i as u32).to_ne_bytes().to_vec(),
+        DType::U64 => (i as u64).to_ne_bytes().to_vec(),
+        DType::F16 => half::f16::from_f64(f).to_bits().to_ne_bytes().to_vec(),
+        DType::BF16 => half::bf16::from_f64(f).to_bits().to_ne_bytes().to_vec(),
+        DType::F32 => (f as f32).to_ne_bytes().to_vec(),
+        DType::F64 => f.to_ne_bytes().to_vec(),
+        DType::C64 => [(f as f32).to_ne_bytes(), 0f32.to_ne_bytes()].concat(),
+        DType::C128 => [f.to_ne_bytes(), 0f64.to_ne_bytes()].concat(),
+    }
+}
+
+type CacheKey = (usize, usize, String);
+
+/// The executable for `text` on `device_index`, compiled once per process.
+fn executable(client: &Client, device_index: usize, text: String) -> Result<Arc<LoadedExecutable>> {
+    static CACHE: OnceLock<Mutex<HashMap<CacheKey, Arc<LoadedExecutable>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (client.id(), device_index, text);
+    if let Some(exe) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        CACHE_HITS.fetch_add(1, Ordering::Relaxed);
+        return Ok(exe.clone());
+    }
+    let device_id = client.device(device_index)?.id()? as i64;
+    let options = CompileOptions {
+        device_assignment: Some(vec![vec![device_id]]),
+        ..Default::default()
+    };
+    // Compiling outside the lock lets other ops run meanwhile; a racing
+    // compile of the same text just wastes one compile.
+    let exe = Arc::new(client.compile(&key.2, &options)?);
+    COMPILED.fetch_add(1, Ordering::Relaxed);
+    cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, exe.clone());
+    Ok(exe)
+}

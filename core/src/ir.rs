@@ -1,0 +1,249 @@
+//! A typed SSA IR of StableHLO-level operations: what ops build and what
+//! `lower` prints. No I/O here.
+
+use std::fmt;
+
+use crate::dtype::DType;
+
+/// A value: the index of the node that defines it in its graph.
+pub type ValueId = usize;
+
+/// The type of a value: a tensor of `dtype` with static `dims`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorType {
+    pub dtype: DType,
+    pub dims: Vec<i64>,
+}
+
+impl TensorType {
+    pub fn new(dtype: DType, dims: &[i64]) -> TensorType {
+        TensorType {
+            dtype,
+            dims: dims.to_vec(),
+        }
+    }
+
+    pub fn numel(&self) -> i64 {
+        self.dims.iter().product()
+    }
+
+    pub fn rank(&self) -> usize {
+        self.dims.len()
+    }
+}
+
+impl fmt::Display for TensorType {
+    /// StableHLO's spelling: `tensor<2x3xf32>`, `tensor<f32>`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("tensor<")?;
+        for d in &self.dims {
+            write!(f, "{d}x")?;
+        }
+        write!(f, "{}>", self.dtype.mlir_name())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Tanh,
+    Logistic,
+    Abs,
+    Sign,
+    Floor,
+    Ceil,
+    RoundNearestEven,
+    Not,
+    Log1p,
+    Expm1,
+    Sin,
+    Cos,
+}
+
+impl UnaryOp {
+    pub fn mlir_name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "stablehlo.negate",
+            UnaryOp::Exp => "stablehlo.exponential",
+            UnaryOp::Log => "stablehlo.log",
+            UnaryOp::Sqrt => "stablehlo.sqrt",
+            UnaryOp::Rsqrt => "stablehlo.rsqrt",
+            UnaryOp::Tanh => "stablehlo.tanh",
+            UnaryOp::Logistic => "stablehlo.logistic",
+            UnaryOp::Abs => "stablehlo.abs",
+            UnaryOp::Sign => "stablehlo.sign",
+            UnaryOp::Floor => "stablehlo.floor",
+            UnaryOp::Ceil => "stablehlo.ceil",
+            UnaryOp::RoundNearestEven => "stablehlo.round_nearest_even",
+            UnaryOp::Not => "stablehlo.not",
+            UnaryOp::Log1p => "stablehlo.log_plus_one",
+            UnaryOp::Expm1 => "stablehlo.exponential_minus_one",
+            UnaryOp::Sin => "stablehlo.sine",
+            UnaryOp::Cos => "stablehlo.cosine",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+    Pow,
+    Max,
+    Min,
+    And,
+    Or,
+    Xor,
+    Atan2,
+    ShiftRightLogical,
+}
+
+impl BinaryOp {
+    pub fn mlir_name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "stablehlo.add",
+            BinaryOp::Sub => "stablehlo.subtract",
+            BinaryOp::Mul => "stablehlo.multiply",
+            BinaryOp::Div => "stablehlo.divide",
+            BinaryOp::Rem => "stablehlo.remainder",
+            BinaryOp::Pow => "stablehlo.power",
+            BinaryOp::Max => "stablehlo.maximum",
+            BinaryOp::Min => "stablehlo.minimum",
+            BinaryOp::And => "stablehlo.and",
+            BinaryOp::Or => "stablehlo.or",
+            BinaryOp::Xor => "stablehlo.xor",
+            BinaryOp::Atan2 => "stablehlo.atan2",
+            BinaryOp::ShiftRightLogical => "stablehlo.shift_right_logical",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CompareDir {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Prod,
+    Max,
+    Min,
+    And,
+    Or,
+}
+
+/// A scalar literal, converted to the node's dtype when lowered.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Literal {
+    Float(f64),
+    Int(i64),
+    Bool(bool),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Node {
+    /// The graph's `index`-th parameter.
+    Param(usize),
+    /// A literal broadcast to the node's type.
+    Constant(Literal),
+    /// Indices 0..n along `dim`.
+    Iota {
+        dim: usize,
+    },
+    Unary(UnaryOp, ValueId),
+    /// Operands of equal type (result dtype = operand dtype).
+    Binary(BinaryOp, ValueId, ValueId),
+    /// Result is bool.
+    Compare(CompareDir, ValueId, ValueId),
+    Select {
+        pred: ValueId,
+        on_true: ValueId,
+        on_false: ValueId,
+    },
+    Convert(ValueId),
+    BitcastConvert(ValueId),
+    /// `stablehlo.broadcast_in_dim`: operand dim i goes to result dim `dims[i]`.
+    Broadcast {
+        operand: ValueId,
+        dims: Vec<i64>,
+    },
+    Reshape(ValueId),
+    Transpose {
+        operand: ValueId,
+        perm: Vec<i64>,
+    },
+    Slice {
+        operand: ValueId,
+        start: Vec<i64>,
+        limit: Vec<i64>,
+        strides: Vec<i64>,
+    },
+    Concat {
+        operands: Vec<ValueId>,
+        dim: usize,
+    },
+    Dot {
+        lhs: ValueId,
+        rhs: ValueId,
+        lhs_batch: Vec<i64>,
+        rhs_batch: Vec<i64>,
+        lhs_contract: Vec<i64>,
+        rhs_contract: Vec<i64>,
+    },
+    /// Reduces `dims` away with `op`'s identity as the initial value.
+    Reduce {
+        operand: ValueId,
+        op: ReduceOp,
+        dims: Vec<i64>,
+    },
+    /// `result[i...] = operand[indices[i...]]` for a 1-D operand and an s64
+    /// index tensor of the result's shape.
+    FlatGather {
+        operand: ValueId,
+        indices: ValueId,
+    },
+    /// `operand` (1-D) with `operand[indices[i...]] = updates[i...]`.
+    FlatScatter {
+        operand: ValueId,
+        indices: ValueId,
+        updates: ValueId,
+    },
+    /// `operand` with `update` written at constant `start` (same rank).
+    UpdateSlice {
+        operand: ValueId,
+        update: ValueId,
+        start: Vec<i64>,
+    },
+    /// Uniformly random unsigned bits of the node's type, from a `ui64[2]`
+    /// Threefry key (the generator's seed and offset).
+    RngBits {
+        key: ValueId,
+    },
+}
+
+/// A function of typed parameters: nodes in definition order, outputs last.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Graph {
+    pub params: Vec<TensorType>,
+    pub nodes: Vec<(Node, TensorType)>,
+    pub outputs: Vec<ValueId>,
+}
+
+impl Graph {
+    pub fn ty(&self, value: ValueId) -> &TensorType {
+        &self.nodes[value].1
+    }
+}

@@ -1,0 +1,381 @@
+//! Lowering: `ir::Graph` → StableHLO text (MLIR generic form, which reads the
+//! same for every op). A pure function, tested against golden text.
+
+use std::fmt::Write;
+
+use half::{bf16, f16};
+
+use crate::dtype::DType;
+use crate::ir::{CompareDir, Graph, Literal, Node, ReduceOp, TensorType};
+
+/// The module text for `graph`, with `@main` as its entry.
+pub fn lower(graph: &Graph) -> String {
+    let mut out = String::with_capacity(256 + 96 * graph.nodes.len());
+    // Parameters are named after the `Param` node that stands for them, so
+    // every value prints as %v<node>.
+    let mut param_nodes = vec![None; graph.params.len()];
+    for (id, (node, _)) in graph.nodes.iter().enumerate() {
+        if let Node::Param(i) = node {
+            param_nodes[*i] = Some(id);
+        }
+    }
+    out.push_str("module @rtpu {\n  func.func public @main(");
+    for (i, ty) in graph.params.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        match param_nodes[i] {
+            Some(id) => {
+                let _ = write!(out, "%v{id}: {ty}");
+            }
+            None => {
+                let _ = write!(out, "%unused{i}: {ty}");
+            }
+        }
+    }
+    out.push_str(") -> (");
+    for (i, &v) in graph.outputs.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ = write!(out, "{}", graph.ty(v));
+    }
+    out.push_str(") {\n");
+    for (id, (node, ty)) in graph.nodes.iter().enumerate() {
+        lower_node(&mut out, graph, id, node, ty);
+    }
+    out.push_str("    \"func.return\"(");
+    push_values(&mut out, &graph.outputs);
+    out.push_str(") : (");
+    for (i, &v) in graph.outputs.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ = write!(out, "{}", graph.ty(v));
+    }
+    out.push_str(") -> ()\n  }\n}\n");
+    out
+}
+
+fn push_values(out: &mut String, values: &[usize]) {
+    for (i, v) in values.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ = write!(out, "%v{v}");
+    }
+}
+
+fn i64_array(values: &[i64]) -> String {
+    if values.is_empty() {
+        return "array<i64>".to_string();
+    }
+    let items: Vec<String> = values.iter().map(i64::to_string).collect();
+    format!("array<i64: {}>", items.join(", "))
+}
+
+fn i64_list(values: &[i64]) -> String {
+    let items: Vec<String> = values.iter().map(i64::to_string).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// `%vN = "op"(operands) {attrs} : (operand types) -> result type`.
+fn op(
+    out: &mut String,
+    graph: &Graph,
+    id: usize,
+    name: &str,
+    operands: &[usize],
+    attrs: &str,
+    ty: &TensorType,
+) {
+    let _ = write!(out, "    %v{id} = \"{name}\"(");
+    push_values(out, operands);
+    out.push(')');
+    if !attrs.is_empty() {
+        let _ = write!(out, " {{{attrs}}}");
+    }
+    out.push_str(" : (");
+    for (i, &v) in operands.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ = write!(out, "{}", graph.ty(v));
+    }
+    let _ = writeln!(out, ") -> {ty}");
+}
+
+/// The literal as a dense attribute element of `dtype`, exact for every
+/// dtype (floats as hex bit patterns, so inf/nan and rounding are exact).
+pub fn literal_attr(literal: Literal, dtype: DType) -> String {
+    let as_f64 = match literal {
+        Literal::Float(x) => x,
+        Literal::Int(x) => x as f64,
+        Literal::Bool(x) => x as i64 as f64,
+    };
+    let as_i128 = match literal {
+        Literal::Float(x) => x as i128,
+        Literal::Int(x) => x as i128,
+        Literal::Bool(x) => x as i128,
+    };
+    match dtype {
+        DType::Bool => (if as_f64 != 0.0 { "true" } else { "false" }).to_string(),
+        DType::I8 => (as_i128 as i8).to_string(),
+        DType::I16 => (as_i128 as i16).to_string(),
+        DType::I32 => (as_i128 as i32).to_string(),
+        DType::I64 => (as_i128 as i64).to_string(),
+        DType::U8 => (as_i128 as u8).to_string(),
+        DType::U16 => (as_i128 as u16).to_string(),
+        DType::U32 => (as_i128 as u32).to_string(),
+        DType::U64 => (as_i128 as u64).to_string(),
+        DType::F16 => format!("0x{:04X}", f16::from_f64(as_f64).to_bits()),
+        DType::BF16 => format!("0x{:04X}", bf16::from_f64(as_f64).to_bits()),
+        DType::F32 => format!("0x{:08X}", (as_f64 as f32).to_bits()),
+        DType::F64 => format!("0x{:016X}", as_f64.to_bits()),
+        DType::C64 => format!("(0x{:08X}, 0x00000000)", (as_f64 as f32).to_bits()),
+        DType::C128 => format!("(0x{:016X}, 0x0000000000000000)", as_f64.to_bits()),
+    }
+}
+
+fn reduce_identity(op: ReduceOp, dtype: DType) -> Literal {
+    let float = matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
+    match op {
+        ReduceOp::Sum | ReduceOp::Or => Literal::Int(0),
+        ReduceOp::Prod | ReduceOp::And => Literal::Int(1),
+        ReduceOp::Max if dtype == DType::Bool => Literal::Bool(false),
+        ReduceOp::Min if dtype == DType::Bool => Literal::Bool(true),
+        ReduceOp::Max if float => Literal::Float(f64::NEG_INFINITY),
+        ReduceOp::Min if float => Literal::Float(f64::INFINITY),
+        ReduceOp::Max => Literal::Int(integer_bounds(dtype).0),
+        ReduceOp::Min => Literal::Int(integer_bounds(dtype).1),
+    }
+}
+
+/// (min, max) of an integer dtype, saturated to i64.
+fn integer_bounds(dtype: DType) -> (i64, i64) {
+    match dtype {
+        DType::I8 => (i8::MIN as i64, i8::MAX as i64),
+        DType::I16 => (i16::MIN as i64, i16::MAX as i64),
+        DType::I32 => (i32::MIN as i64, i32::MAX as i64),
+        DType::U8 => (0, u8::MAX as i64),
+        DType::U16 => (0, u16::MAX as i64),
+        DType::U32 => (0, u32::MAX as i64),
+        // u64's max does not fit; -1 reinterprets as it (literal_attr wraps).
+        DType::U64 => (0, -1),
+        _ => (i64::MIN, i64::MAX),
+    }
+}
+
+fn compare_attrs(dir: CompareDir, dtype: DType) -> String {
+    let direction = match dir {
+        CompareDir::Eq => "EQ",
+        CompareDir::Ne => "NE",
+        CompareDir::Lt => "LT",
+        CompareDir::Le => "LE",
+        CompareDir::Gt => "GT",
+        CompareDir::Ge => "GE",
+    };
+    let kind = match dtype {
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => "FLOAT",
+        DType::Bool | DType::U8 | DType::U16 | DType::U32 | DType::U64 => "UNSIGNED",
+        _ => "SIGNED",
+    };
+    format!(
+        "comparison_direction = #stablehlo<comparison_direction {direction}>, compare_type = #stablehlo<comparison_type {kind}>"
+    )
+}
+
+fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &TensorType) {
+    match node {
+        Node::Param(_) => {}
+        Node::Constant(literal) => {
+            let _ = writeln!(
+                out,
+                "    %v{id} = \"stablehlo.constant\"() {{value = dense<{}> : {ty}}} : () -> {ty}",
+                literal_attr(*literal, ty.dtype)
+            );
+        }
+        Node::Iota { dim } => {
+            let _ = writeln!(out, "    %v{id} = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {ty}");
+        }
+        Node::Unary(u, x) => op(out, graph, id, u.mlir_name(), &[*x], "", ty),
+        Node::Binary(b, x, y) => op(out, graph, id, b.mlir_name(), &[*x, *y], "", ty),
+        Node::Compare(dir, x, y) => op(out, graph, id, "stablehlo.compare", &[*x, *y], &compare_attrs(*dir, graph.ty(*x).dtype), ty),
+        Node::Select { pred, on_true, on_false } => op(out, graph, id, "stablehlo.select", &[*pred, *on_true, *on_false], "", ty),
+        Node::Convert(x) => op(out, graph, id, "stablehlo.convert", &[*x], "", ty),
+        Node::BitcastConvert(x) => op(out, graph, id, "stablehlo.bitcast_convert", &[*x], "", ty),
+        Node::Broadcast { operand, dims } => op(
+            out,
+            graph,
+            id,
+            "stablehlo.broadcast_in_dim",
+            &[*operand],
+            &format!("broadcast_dimensions = {}", i64_array(dims)),
+            ty,
+        ),
+        Node::Reshape(x) => op(out, graph, id, "stablehlo.reshape", &[*x], "", ty),
+        Node::Transpose { operand, perm } => {
+            op(out, graph, id, "stablehlo.transpose", &[*operand], &format!("permutation = {}", i64_array(perm)), ty)
+        }
+        Node::Slice { operand, start, limit, strides } => op(
+            out,
+            graph,
+            id,
+            "stablehlo.slice",
+            &[*operand],
+            &format!(
+                "start_indices = {}, limit_indices = {}, strides = {}",
+                i64_array(start),
+                i64_array(limit),
+                i64_array(strides)
+            ),
+            ty,
+        ),
+        Node::Concat { operands, dim } => {
+            op(out, graph, id, "stablehlo.concatenate", operands, &format!("dimension = {dim} : i64"), ty)
+        }
+        Node::Dot { lhs, rhs, lhs_batch, rhs_batch, lhs_contract, rhs_contract } => op(
+            out,
+            graph,
+            id,
+            "stablehlo.dot_general",
+            &[*lhs, *rhs],
+            &format!(
+                "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = {}, rhs_batching_dimensions = {}, \
+                 lhs_contracting_dimensions = {}, rhs_contracting_dimensions = {}>",
+                i64_list(lhs_batch),
+                i64_list(rhs_batch),
+                i64_list(lhs_contract),
+                i64_list(rhs_contract)
+            ),
+            ty,
+        ),
+        Node::Reduce { operand, op: reduce, dims } => {
+            let scalar = TensorType::new(ty.dtype, &[]);
+            let combiner = match reduce {
+                ReduceOp::Sum => "stablehlo.add",
+                ReduceOp::Prod => "stablehlo.multiply",
+                ReduceOp::Max => "stablehlo.maximum",
+                ReduceOp::Min => "stablehlo.minimum",
+                ReduceOp::And => "stablehlo.and",
+                ReduceOp::Or => "stablehlo.or",
+            };
+            let init = literal_attr(reduce_identity(*reduce, ty.dtype), ty.dtype);
+            let operand_ty = graph.ty(*operand);
+            let _ = writeln!(
+                out,
+                "    %v{id}_init = \"stablehlo.constant\"() {{value = dense<{init}> : {scalar}}} : () -> {scalar}\n    \
+                 %v{id} = \"stablehlo.reduce\"(%v{operand}, %v{id}_init) ({{\n    \
+                 ^bb0(%a: {scalar}, %b: {scalar}):\n      \
+                 %r = \"{combiner}\"(%a, %b) : ({scalar}, {scalar}) -> {scalar}\n      \
+                 \"stablehlo.return\"(%r) : ({scalar}) -> ()\n    \
+                 }}) {{dimensions = {}}} : ({operand_ty}, {scalar}) -> {ty}",
+                i64_array(dims)
+            );
+        }
+        Node::FlatGather { operand, indices } => {
+            let rank = graph.ty(*indices).rank();
+            op(
+                out,
+                graph,
+                id,
+                "stablehlo.gather",
+                &[*operand, *indices],
+                &format!(
+                    "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], \
+                     index_vector_dim = {rank}>, slice_sizes = array<i64: 1>, indices_are_sorted = false"
+                ),
+                ty,
+            )
+        }
+        Node::FlatScatter { operand, indices, updates } => {
+            let rank = graph.ty(*indices).rank();
+            let scalar = TensorType::new(ty.dtype, &[]);
+            let _ = writeln!(
+                out,
+                "    %v{id} = \"stablehlo.scatter\"(%v{operand}, %v{indices}, %v{updates}) ({{\n    \
+                 ^bb0(%old: {scalar}, %new: {scalar}):\n      \
+                 \"stablehlo.return\"(%new) : ({scalar}) -> ()\n    \
+                 }}) {{scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], \
+                 scatter_dims_to_operand_dims = [0], index_vector_dim = {rank}>, indices_are_sorted = false, \
+                 unique_indices = false}} : ({}, {}, {}) -> {ty}",
+                graph.ty(*operand),
+                graph.ty(*indices),
+                graph.ty(*updates)
+            );
+        }
+        Node::UpdateSlice { operand, update, start } => {
+            let index_ty = TensorType::new(DType::I64, &[]);
+            let mut names = Vec::new();
+            for (d, s) in start.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "    %v{id}_s{d} = \"stablehlo.constant\"() {{value = dense<{s}> : {index_ty}}} : () -> {index_ty}"
+                );
+                names.push(format!("%v{id}_s{d}"));
+            }
+            let index_types = vec![index_ty.to_string(); start.len()].join(", ");
+            let sep = if start.is_empty() { "" } else { ", " };
+            let _ = writeln!(
+                out,
+                "    %v{id} = \"stablehlo.dynamic_update_slice\"(%v{operand}, %v{update}{sep}{}) : ({}, {}{sep}{index_types}) -> {ty}",
+                names.join(", "),
+                graph.ty(*operand),
+                graph.ty(*update),
+            );
+        }
+        Node::RngBits { key } => {
+            let key_ty = graph.ty(*key);
+            let _ = writeln!(
+                out,
+                "    %v{id}_state, %v{id} = \"stablehlo.rng_bit_generator\"(%v{key}) {{rng_algorithm = \
+                 #stablehlo<rng_algorithm THREE_FRY>}} : ({key_ty}) -> ({key_ty}, {ty})"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{BinaryOp, UnaryOp};
+
+    #[test]
+    fn golden_add_then_tanh() {
+        let f32x2 = TensorType::new(DType::F32, &[2]);
+        let graph = Graph {
+            params: vec![f32x2.clone(), f32x2.clone()],
+            nodes: vec![
+                (Node::Param(0), f32x2.clone()),
+                (Node::Param(1), f32x2.clone()),
+                (Node::Binary(BinaryOp::Add, 0, 1), f32x2.clone()),
+                (Node::Constant(Literal::Float(0.5)), f32x2.clone()),
+                (Node::Binary(BinaryOp::Mul, 2, 3), f32x2.clone()),
+                (Node::Unary(UnaryOp::Tanh, 4), f32x2.clone()),
+            ],
+            outputs: vec![5],
+        };
+        let want = r#"module @rtpu {
+  func.func public @main(%v0: tensor<2xf32>, %v1: tensor<2xf32>) -> (tensor<2xf32>) {
+    %v2 = "stablehlo.add"(%v0, %v1) : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>
+    %v3 = "stablehlo.constant"() {value = dense<0x3F000000> : tensor<2xf32>} : () -> tensor<2xf32>
+    %v4 = "stablehlo.multiply"(%v2, %v3) : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>
+    %v5 = "stablehlo.tanh"(%v4) : (tensor<2xf32>) -> tensor<2xf32>
+    "func.return"(%v5) : (tensor<2xf32>) -> ()
+  }
+}
+"#;
+        assert_eq!(lower(&graph), want);
+    }
+
+    #[test]
+    fn literals_are_exact_per_dtype() {
+        assert_eq!(literal_attr(Literal::Float(1.0), DType::BF16), "0x3F80");
+        assert_eq!(
+            literal_attr(Literal::Float(f64::NEG_INFINITY), DType::F32),
+            "0xFF800000"
+        );
+        assert_eq!(literal_attr(Literal::Int(-1), DType::U8), "255");
+        assert_eq!(literal_attr(Literal::Int(3), DType::Bool), "true");
+    }
+}

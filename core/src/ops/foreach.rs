@@ -1,0 +1,287 @@
+//! `_foreach_*` ops, as the optimizers call them: one program updates every
+//! tensor of the list.
+
+use super::{can_cast, is_float, is_integral, op, promote_types, OpDef};
+use crate::dtype::DType;
+use crate::engine::{Arg, Builder, TensorArg};
+use crate::error::{Error, Result};
+use crate::ir::{BinaryOp, Literal, UnaryOp, ValueId};
+
+/// The second operand of a binary foreach op.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Other {
+    /// `Tensor[] other`, one per element.
+    List,
+    /// One `Scalar` for all elements.
+    Scalar,
+    /// `Scalar[] scalars`, one per element.
+    ScalarList,
+    /// One `Tensor other` for all elements.
+    Tensor,
+}
+
+/// The dtype of `tensor op scalar`: the tensor's, unless the scalar is of a
+/// higher category (ATen's wrapped-number rule; floats count as float32).
+fn with_scalar(tensor: DType, scalar: &Arg) -> DType {
+    match scalar {
+        Arg::Float(_) if !is_float(tensor) => DType::F32,
+        Arg::Int(_) if tensor == DType::Bool => DType::I64,
+        _ => tensor,
+    }
+}
+
+fn scalar_list(b: &Builder, index: usize, len: usize) -> Result<Vec<Arg>> {
+    let list: Vec<Arg> = match b.arg(index)? {
+        Arg::FloatList(v) => v.iter().map(|&x| Arg::Float(x)).collect(),
+        Arg::IntList(v) => v.iter().map(|&x| Arg::Int(x)).collect(),
+        other => return Err(b.arg_error(index, "a Scalar[]", other.kind())),
+    };
+    if list.len() != len {
+        return Err(b.arg_error(index, format!("{len} scalars (one per tensor)"), list.len()));
+    }
+    Ok(list)
+}
+
+fn scalar_value(b: &mut Builder, arg: &Arg, dtype: DType, dims: &[i64]) -> Result<ValueId> {
+    let literal = match arg {
+        Arg::Float(v) => Literal::Float(*v),
+        Arg::Int(v) => Literal::Int(*v),
+        Arg::Bool(v) => Literal::Bool(*v),
+        other => {
+            return Err(Error::invalid(
+                format!("{}: scalar", b.op_name()),
+                "a Scalar",
+                other.kind(),
+            ))
+        }
+    };
+    let v = b.scalar_input(literal, dtype);
+    b.broadcast_to(v, dims)
+}
+
+fn check_lengths(b: &Builder, index: usize, expected: usize, got: usize) -> Result<()> {
+    if expected != got {
+        return Err(b.arg_error(index, format!("{expected} tensors (as many as self)"), got));
+    }
+    Ok(())
+}
+
+/// Stores element `i`'s result: in place into `self[i]`, or as output `i`.
+fn store(b: &mut Builder, in_place: bool, target: &TensorArg, value: ValueId) -> Result<()> {
+    if in_place {
+        let have = b.dtype(value);
+        if !can_cast(have, target.view.dtype) {
+            return Err(Error::invalid(
+                format!("{}: result type {have}", b.op_name()),
+                format!("a type castable to {}", target.view.dtype),
+                have,
+            ));
+        }
+        b.write(target, value)
+    } else {
+        b.output(value)
+    }
+}
+
+/// `self[i] op (alpha * other[i])` over the list.
+fn binary(b: &mut Builder, op: BinaryOp, other: Other, in_place: bool) -> Result<()> {
+    let selfs: Vec<TensorArg> = b.tensor_list_arg(0)?.into_iter().cloned().collect();
+    let others: Vec<Arg> = match other {
+        Other::List => {
+            let list = b.tensor_list_arg(1)?;
+            check_lengths(b, 1, selfs.len(), list.len())?;
+            list.into_iter().map(|t| Arg::Tensor(t.clone())).collect()
+        }
+        Other::Scalar => vec![b.arg(1)?.clone(); selfs.len()],
+        Other::ScalarList => scalar_list(b, 1, selfs.len())?,
+        Other::Tensor => vec![Arg::Tensor(b.tensor_arg(1)?.clone()); selfs.len()],
+    };
+    let alpha = match b.arg(2) {
+        Ok(Arg::Int(1)) | Ok(Arg::None) | Err(_) => None,
+        Ok(a) => Some(a.clone()),
+    };
+    for (target, other) in selfs.iter().zip(&others) {
+        let dtype = match other {
+            Arg::Tensor(t) => promote_types(target.view.dtype, t.view.dtype),
+            scalar => with_scalar(target.view.dtype, scalar),
+        };
+        let x = b.read(target)?;
+        let x = b.convert(x, dtype);
+        let dims = b.dims(x);
+        let mut y = match other {
+            Arg::Tensor(t) => {
+                let y = b.read(t)?;
+                let y = b.convert(y, dtype);
+                b.broadcast_to(y, &dims)?
+            }
+            scalar => scalar_value(b, scalar, dtype, &dims)?,
+        };
+        if let Some(alpha) = &alpha {
+            let a = scalar_value(b, alpha, dtype, &dims)?;
+            y = b.binary(BinaryOp::Mul, y, a)?;
+        }
+        let out = b.binary(op, x, y)?;
+        store(b, in_place, target, out)?;
+    }
+    Ok(())
+}
+
+/// `self[i] + value_i * t1[i] (* or /) t2[i]`.
+fn addc(b: &mut Builder, divide: bool, scalars: Other) -> Result<()> {
+    let selfs: Vec<TensorArg> = b.tensor_list_arg(0)?.into_iter().cloned().collect();
+    let t1: Vec<TensorArg> = b.tensor_list_arg(1)?.into_iter().cloned().collect();
+    let t2: Vec<TensorArg> = b.tensor_list_arg(2)?.into_iter().cloned().collect();
+    check_lengths(b, 1, selfs.len(), t1.len())?;
+    check_lengths(b, 2, selfs.len(), t2.len())?;
+    let values: Vec<Arg> = match scalars {
+        Other::ScalarList => scalar_list(b, 3, selfs.len())?,
+        _ => vec![b.arg(3).cloned().unwrap_or(Arg::Int(1)); selfs.len()],
+    };
+    for i in 0..selfs.len() {
+        let dtype = promote_types(
+            promote_types(selfs[i].view.dtype, t1[i].view.dtype),
+            t2[i].view.dtype,
+        );
+        if divide && is_integral(dtype, true) {
+            return Err(Error::invalid(
+                format!("{}: operands", b.op_name()),
+                "floating-point tensors",
+                dtype,
+            ));
+        }
+        let x = b.read(&selfs[i])?;
+        let x = b.convert(x, dtype);
+        let dims = b.dims(x);
+        let p = b.read(&t1[i])?;
+        let p = b.convert(p, dtype);
+        let p = b.broadcast_to(p, &dims)?;
+        let q = b.read(&t2[i])?;
+        let q = b.convert(q, dtype);
+        let q = b.broadcast_to(q, &dims)?;
+        let pq = b.binary(if divide { BinaryOp::Div } else { BinaryOp::Mul }, p, q)?;
+        let v = scalar_value(b, &values[i], dtype, &dims)?;
+        let scaled = b.binary(BinaryOp::Mul, pq, v)?;
+        let out = b.binary(BinaryOp::Add, x, scaled)?;
+        store(b, true, &selfs[i], out)?;
+    }
+    Ok(())
+}
+
+/// `self[i] + weight * (end[i] - self[i])`.
+fn lerp(b: &mut Builder) -> Result<()> {
+    let selfs: Vec<TensorArg> = b.tensor_list_arg(0)?.into_iter().cloned().collect();
+    let ends: Vec<TensorArg> = b.tensor_list_arg(1)?.into_iter().cloned().collect();
+    check_lengths(b, 1, selfs.len(), ends.len())?;
+    let weight = b.arg(2)?.clone();
+    for (target, end) in selfs.iter().zip(&ends) {
+        let dtype = target.view.dtype;
+        let x = b.read(target)?;
+        let dims = b.dims(x);
+        let e = b.read(end)?;
+        let e = b.convert(e, dtype);
+        let e = b.broadcast_to(e, &dims)?;
+        let w = scalar_value(b, &weight, dtype, &dims)?;
+        let d = b.binary(BinaryOp::Sub, e, x)?;
+        let s = b.binary(BinaryOp::Mul, w, d)?;
+        let out = b.binary(BinaryOp::Add, x, s)?;
+        store(b, true, target, out)?;
+    }
+    Ok(())
+}
+
+fn unary(b: &mut Builder, op: UnaryOp, in_place: bool) -> Result<()> {
+    let selfs: Vec<TensorArg> = b.tensor_list_arg(0)?.into_iter().cloned().collect();
+    for target in &selfs {
+        let x = b.read(target)?;
+        let dtype = if is_float(target.view.dtype) || op == UnaryOp::Neg {
+            target.view.dtype
+        } else {
+            DType::F32
+        };
+        let x = b.convert(x, dtype);
+        let out = b.unary(op, x);
+        store(b, in_place, target, out)?;
+    }
+    Ok(())
+}
+
+fn zero(b: &mut Builder) -> Result<()> {
+    let selfs: Vec<TensorArg> = b.tensor_list_arg(0)?.into_iter().cloned().collect();
+    for target in &selfs {
+        let z = b.constant(Literal::Int(0), target.view.dtype, &[]);
+        b.write(target, z)?;
+    }
+    Ok(())
+}
+
+/// `self[i] = src[i]` (with conversion).
+fn copy(b: &mut Builder) -> Result<()> {
+    let selfs: Vec<TensorArg> = b.tensor_list_arg(0)?.into_iter().cloned().collect();
+    let srcs: Vec<TensorArg> = b.tensor_list_arg(1)?.into_iter().cloned().collect();
+    check_lengths(b, 1, selfs.len(), srcs.len())?;
+    for (target, src) in selfs.iter().zip(&srcs) {
+        let v = b.read(src)?;
+        b.write(target, v)?;
+    }
+    Ok(())
+}
+
+macro_rules! binary_family {
+    ($ops:ident, $op:expr, $name:literal) => {
+        $ops.push(op(concat!("aten::_foreach_", $name, "_.List"), |b| {
+            binary(b, $op, Other::List, true)
+        }));
+        $ops.push(op(concat!("aten::_foreach_", $name, "_.Scalar"), |b| {
+            binary(b, $op, Other::Scalar, true)
+        }));
+        $ops.push(op(concat!("aten::_foreach_", $name, "_.ScalarList"), |b| {
+            binary(b, $op, Other::ScalarList, true)
+        }));
+        $ops.push(op(concat!("aten::_foreach_", $name, "_.Tensor"), |b| {
+            binary(b, $op, Other::Tensor, true)
+        }));
+        $ops.push(op(concat!("aten::_foreach_", $name, ".List"), |b| {
+            binary(b, $op, Other::List, false)
+        }));
+        $ops.push(op(concat!("aten::_foreach_", $name, ".Scalar"), |b| {
+            binary(b, $op, Other::Scalar, false)
+        }));
+        $ops.push(op(concat!("aten::_foreach_", $name, ".ScalarList"), |b| {
+            binary(b, $op, Other::ScalarList, false)
+        }));
+        $ops.push(op(concat!("aten::_foreach_", $name, ".Tensor"), |b| {
+            binary(b, $op, Other::Tensor, false)
+        }));
+    };
+}
+
+pub(super) fn ops() -> Vec<OpDef> {
+    let mut ops = Vec::with_capacity(64);
+    binary_family!(ops, BinaryOp::Add, "add");
+    binary_family!(ops, BinaryOp::Sub, "sub");
+    binary_family!(ops, BinaryOp::Mul, "mul");
+    binary_family!(ops, BinaryOp::Div, "div");
+    binary_family!(ops, BinaryOp::Max, "maximum");
+    ops.extend([
+        op("aten::_foreach_addcmul_.Scalar", |b| {
+            addc(b, false, Other::Scalar)
+        }),
+        op("aten::_foreach_addcmul_.ScalarList", |b| {
+            addc(b, false, Other::ScalarList)
+        }),
+        op("aten::_foreach_addcdiv_.Scalar", |b| {
+            addc(b, true, Other::Scalar)
+        }),
+        op("aten::_foreach_addcdiv_.ScalarList", |b| {
+            addc(b, true, Other::ScalarList)
+        }),
+        op("aten::_foreach_lerp_.Scalar", lerp),
+        op("aten::_foreach_sqrt", |b| unary(b, UnaryOp::Sqrt, false)),
+        op("aten::_foreach_sqrt_", |b| unary(b, UnaryOp::Sqrt, true)),
+        op("aten::_foreach_neg", |b| unary(b, UnaryOp::Neg, false)),
+        op("aten::_foreach_neg_", |b| unary(b, UnaryOp::Neg, true)),
+        op("aten::_foreach_zero_", zero),
+        op("aten::_foreach_copy_", copy),
+    ]);
+    ops
+}

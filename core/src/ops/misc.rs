@@ -1,0 +1,375 @@
+//! Concatenation, indexing, ranges and random fills.
+
+use super::{is_float, op, promote_types, wrap_dim, OpDef};
+use crate::dtype::DType;
+use crate::engine::{Arg, Builder, TensorArg};
+use crate::error::{Error, Result};
+use crate::ir::{BinaryOp, Literal, UnaryOp, ValueId};
+
+fn cat(b: &mut Builder) -> Result<()> {
+    // Legacy behaviour kept by ATen: 1-D empty tensors are skipped.
+    let tensors: Vec<TensorArg> = b
+        .tensor_list_arg(0)?
+        .into_iter()
+        .filter(|t| !(t.view.sizes.len() == 1 && t.view.sizes[0] == 0))
+        .cloned()
+        .collect();
+    let all = b.tensor_list_arg(0)?;
+    let Some(first) = tensors.first().or(all.first().copied()) else {
+        return Err(Error::invalid(
+            "aten::cat: tensors",
+            "a non-empty list",
+            "an empty list",
+        ));
+    };
+    let rank = first.view.sizes.len();
+    if rank == 0 {
+        return Err(Error::invalid(
+            "aten::cat: tensors",
+            "tensors of rank >= 1",
+            "a zero-dimensional tensor",
+        ));
+    }
+    let dim = wrap_dim(b, b.int_arg(1)?, rank)?;
+    let dtype = tensors
+        .iter()
+        .map(|t| t.view.dtype)
+        .reduce(promote_types)
+        .unwrap_or(first.view.dtype);
+    for t in &tensors {
+        let same = t.view.sizes.len() == rank
+            && t.view
+                .sizes
+                .iter()
+                .enumerate()
+                .all(|(d, &s)| d == dim || s == first.view.sizes[d]);
+        if !same {
+            return Err(Error::invalid(
+                "aten::cat: tensor sizes",
+                format!(
+                    "sizes matching {:?} except in dimension {dim}",
+                    first.view.sizes
+                ),
+                format!("{:?}", t.view.sizes),
+            ));
+        }
+    }
+    if tensors.is_empty() {
+        let out = b.constant(Literal::Int(0), dtype, &[0]);
+        return b.output(out);
+    }
+    let mut values = Vec::new();
+    for t in &tensors {
+        let v = b.read(t)?;
+        values.push(b.convert(v, dtype));
+    }
+    let out = b.concat(&values, dim)?;
+    b.output(out)
+}
+
+/// Reads an index tensor to the host and checks every index is in
+/// `[-size, size)`; returns nothing, but a bad index is a clear error.
+fn check_indices(b: &Builder, index: usize, size: i64) -> Result<()> {
+    let t = b.tensor_arg(index)?;
+    let bytes = t.storage.read_view(&t.view)?;
+    let values: Vec<i64> = match t.view.dtype {
+        DType::I64 => bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect(),
+        DType::I32 => bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_ne_bytes(c.try_into().unwrap_or([0; 4])) as i64)
+            .collect(),
+        other => return Err(b.arg_error(index, "an int64 or int32 index tensor", other)),
+    };
+    if let Some(bad) = values.iter().find(|&&v| v < -size || v >= size) {
+        return Err(Error::invalid(
+            format!("{}: index", b.op_name()),
+            format!("indices in [{}, {size})", -size),
+            format!("index {bad} out of range for a dimension of size {size}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Flat storage indices into `x_dims` (row-major) for an output of
+/// `out_dims`, taking `index_value` (s64, of `out_dims`) along `dim` and the
+/// output position elsewhere. Negative indices wrap.
+fn flat_indices(
+    b: &mut Builder,
+    x_dims: &[i64],
+    out_dims: &[i64],
+    dim: usize,
+    index_value: ValueId,
+) -> Result<ValueId> {
+    let size = b.constant(Literal::Int(x_dims[dim]), DType::I64, out_dims);
+    let zero = b.constant(Literal::Int(0), DType::I64, out_dims);
+    let negative = b.compare(crate::ir::CompareDir::Lt, index_value, zero)?;
+    let wrapped = b.binary(BinaryOp::Add, index_value, size)?;
+    let index_value = b.select(negative, wrapped, index_value)?;
+    let mut stride = 1i64;
+    let mut acc = b.constant(Literal::Int(0), DType::I64, out_dims);
+    for d in (0..x_dims.len()).rev() {
+        let coord = if d == dim {
+            index_value
+        } else {
+            b.iota(DType::I64, out_dims, d)
+        };
+        let s = b.constant(Literal::Int(stride), DType::I64, out_dims);
+        let term = b.binary(BinaryOp::Mul, coord, s)?;
+        acc = b.binary(BinaryOp::Add, acc, term)?;
+        stride *= x_dims[d];
+    }
+    Ok(acc)
+}
+
+fn index_select(b: &mut Builder) -> Result<()> {
+    let x_view = b.tensor_arg(0)?.view.clone();
+    let index_view = b.tensor_arg(2)?.view.clone();
+    if index_view.sizes.len() > 1 {
+        return Err(b.arg_error(
+            2,
+            "a 0-D or 1-D index",
+            format!("{}-D", index_view.sizes.len()),
+        ));
+    }
+    let x_dims = if x_view.sizes.is_empty() {
+        vec![1]
+    } else {
+        x_view.sizes.clone()
+    };
+    let dim = wrap_dim(b, b.int_arg(1)?, x_view.sizes.len())?;
+    check_indices(b, 2, x_dims[dim])?;
+    let count = index_view.numel() as i64;
+    let mut out_dims = x_dims.clone();
+    out_dims[dim] = count;
+    let idx = b.tensor(2)?;
+    let idx = b.convert(idx, DType::I64);
+    let idx = b.reshape(idx, &[count])?;
+    let idx = b.broadcast_in_dim(idx, &out_dims, &[dim as i64]);
+    let flat_index = flat_indices(b, &x_dims, &out_dims, dim, idx)?;
+    let x = b.tensor(0)?;
+    let flat = b.reshape(x, &[x_view.numel() as i64])?;
+    let out = b.flat_gather(flat, flat_index);
+    let final_dims = if x_view.sizes.is_empty() {
+        vec![]
+    } else {
+        out_dims
+    };
+    let out = b.reshape(out, &final_dims)?;
+    b.output(out)
+}
+
+fn gather(b: &mut Builder) -> Result<()> {
+    let x_view = b.tensor_arg(0)?.view.clone();
+    let index_view = b.tensor_arg(2)?.view.clone();
+    let rank = x_view.sizes.len();
+    if index_view.sizes.len() != rank {
+        return Err(b.arg_error(
+            2,
+            format!("an index of rank {rank}"),
+            format!("rank {}", index_view.sizes.len()),
+        ));
+    }
+    let dim = wrap_dim(b, b.int_arg(1)?, rank)?;
+    for d in 0..rank {
+        if d != dim && index_view.sizes[d] > x_view.sizes[d] {
+            return Err(b.arg_error(
+                2,
+                format!("size <= {} in dimension {d}", x_view.sizes[d]),
+                index_view.sizes[d],
+            ));
+        }
+    }
+    let x_dims = if rank == 0 {
+        vec![1]
+    } else {
+        x_view.sizes.clone()
+    };
+    check_indices(b, 2, x_dims[dim])?;
+    let out_dims = if rank == 0 {
+        vec![1]
+    } else {
+        index_view.sizes.clone()
+    };
+    let idx = b.tensor(2)?;
+    let idx = b.reshape(idx, &out_dims)?;
+    let flat_index = flat_indices(b, &x_dims, &out_dims, dim, idx)?;
+    let x = b.tensor(0)?;
+    let flat = b.reshape(x, &[x_view.numel() as i64])?;
+    let out = b.flat_gather(flat, flat_index);
+    let out = b.reshape(out, &index_view.sizes)?;
+    b.output(out)
+}
+
+/// arange(start, end, step, *, out): the values in out's dtype.
+fn arange(b: &mut Builder) -> Result<()> {
+    let (start, end, step) = (b.float_arg(0)?, b.float_arg(1)?, b.float_arg(2)?);
+    if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
+        return Err(Error::invalid(
+            "aten::arange: range",
+            "finite start/end and a non-zero step",
+            format!("({start}, {end}, {step})"),
+        ));
+    }
+    if (end - start) / step < 0.0 {
+        return Err(Error::invalid(
+            "aten::arange: range",
+            "upper and lower bounds consistent with the step sign",
+            format!("({start}, {end}, {step})"),
+        ));
+    }
+    let dtype = b.tensor_arg(3)?.view.dtype;
+    let integral = [0, 1, 2]
+        .iter()
+        .all(|&i| matches!(b.arg(i), Ok(Arg::Int(_))));
+    let n = if integral {
+        let (s, e, st) = (b.int_arg(0)?, b.int_arg(1)?, b.int_arg(2)?);
+        ((e - s) + st - st.signum()) / st
+    } else {
+        ((end - start) / step).ceil() as i64
+    };
+    let work = if is_float(dtype) { dtype } else { DType::I64 };
+    let i = b.iota(work, &[n], 0);
+    let st = b.scalar_arg(2, work)?;
+    let st = b.broadcast_to(st, &[n])?;
+    let s = b.scalar_arg(0, work)?;
+    let s = b.broadcast_to(s, &[n])?;
+    let scaled = b.binary(BinaryOp::Mul, i, st)?;
+    let out = b.binary(BinaryOp::Add, s, scaled)?;
+    let out = b.convert(out, dtype);
+    b.output(out)
+}
+
+/// Uniform [0, 1) floats of `dtype` and `dims` from the generator argument.
+fn uniform01(b: &mut Builder, generator: usize, dtype: DType, dims: &[i64]) -> Result<ValueId> {
+    let (seed, offset) = match b.arg(generator)? {
+        Arg::Generator { seed, offset } => (*seed, *offset),
+        other => {
+            return Err(b.arg_error(
+                generator,
+                "a Generator (the device's default when None)",
+                other.kind(),
+            ))
+        }
+    };
+    let key = b.rng_key(seed, offset);
+    // 23 (or 52) random mantissa bits under exponent 0 give [1, 2); minus 1.
+    let (bits_ty, float_ty, shift, one_bits) = if dtype == DType::F64 {
+        (
+            DType::U64,
+            DType::F64,
+            12i64,
+            0x3FF0_0000_0000_0000u64 as i64,
+        )
+    } else {
+        (DType::U32, DType::F32, 9, 0x3F80_0000)
+    };
+    let bits = b.rng_bits(key, bits_ty, dims);
+    let shift = b.constant(Literal::Int(shift), bits_ty, dims);
+    let mantissa = b.binary(BinaryOp::ShiftRightLogical, bits, shift)?;
+    let one = b.constant(Literal::Int(one_bits), bits_ty, dims);
+    let with_exponent = b.binary(BinaryOp::Or, mantissa, one)?;
+    let in_one_two = b.bitcast(with_exponent, float_ty);
+    let one_f = b.constant(Literal::Float(1.0), float_ty, dims);
+    b.binary(BinaryOp::Sub, in_one_two, one_f)
+}
+
+/// The random ops need a floating-point destination.
+fn float_destination(b: &Builder) -> Result<(DType, Vec<i64>)> {
+    let view = &b.tensor_arg(0)?.view;
+    if !is_float(view.dtype) {
+        return Err(Error::invalid(
+            format!("{}: self", b.op_name()),
+            "a floating point tensor",
+            view.dtype,
+        ));
+    }
+    Ok((view.dtype, view.sizes.clone()))
+}
+
+/// uniform_(self, from, to, *, generator).
+fn uniform(b: &mut Builder) -> Result<()> {
+    let (dtype, dims) = float_destination(b)?;
+    let (from, to) = (b.float_arg(1)?, b.float_arg(2)?);
+    if from > to {
+        return Err(Error::invalid(
+            "aten::uniform_: range",
+            "from <= to",
+            format!("from={from} to={to}"),
+        ));
+    }
+    let work = if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let u = uniform01(b, 3, dtype, &dims)?;
+    let lo = b.scalar_arg(1, work)?;
+    let lo = b.broadcast_to(lo, &dims)?;
+    let hi = b.scalar_arg(2, work)?;
+    let hi = b.broadcast_to(hi, &dims)?;
+    let width = b.binary(BinaryOp::Sub, hi, lo)?;
+    let scaled = b.binary(BinaryOp::Mul, u, width)?;
+    let out = b.binary(BinaryOp::Add, lo, scaled)?;
+    b.write_arg(0, out)
+}
+
+/// normal_(self, mean, std, *, generator), by Box-Muller.
+fn normal(b: &mut Builder) -> Result<()> {
+    let (dtype, dims) = float_destination(b)?;
+    if b.float_arg(2)? < 0.0 {
+        return Err(Error::invalid(
+            "aten::normal_: std",
+            "std >= 0",
+            b.float_arg(2)?,
+        ));
+    }
+    let work = if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    // Two independent uniform draws from one key: the first and second half.
+    let mut pair_dims = vec![2];
+    pair_dims.extend_from_slice(&dims);
+    let u = uniform01(b, 3, dtype, &pair_dims)?;
+    let numel: i64 = dims.iter().product();
+    let flat = b.reshape(u, &[2, numel])?;
+    let u1 = b.slice(flat, &[0, 0], &[1, numel], &[1, 1]);
+    let u2 = b.slice(flat, &[1, 0], &[2, numel], &[1, 1]);
+    let (u1, u2) = (b.reshape(u1, &dims)?, b.reshape(u2, &dims)?);
+    // 1 - u1 lies in (0, 1], so its log is finite.
+    let one = b.constant(Literal::Float(1.0), work, &dims);
+    let u1 = b.binary(BinaryOp::Sub, one, u1)?;
+    let log = b.unary(UnaryOp::Log, u1);
+    let minus_two = b.constant(Literal::Float(-2.0), work, &dims);
+    let r2 = b.binary(BinaryOp::Mul, minus_two, log)?;
+    let r = b.unary(UnaryOp::Sqrt, r2);
+    let two_pi = b.constant(Literal::Float(std::f64::consts::TAU), work, &dims);
+    let theta = b.binary(BinaryOp::Mul, two_pi, u2)?;
+    let c = b.unary(UnaryOp::Cos, theta);
+    let z = b.binary(BinaryOp::Mul, r, c)?;
+    let std = b.scalar_arg(2, work)?;
+    let std = b.broadcast_to(std, &dims)?;
+    let mean = b.scalar_arg(1, work)?;
+    let mean = b.broadcast_to(mean, &dims)?;
+    let scaled = b.binary(BinaryOp::Mul, z, std)?;
+    let out = b.binary(BinaryOp::Add, mean, scaled)?;
+    b.write_arg(0, out)
+}
+
+pub(super) fn ops() -> Vec<OpDef> {
+    vec![
+        op("aten::cat", cat),
+        op("aten::cat.out", cat),
+        op("aten::index_select", index_select),
+        op("aten::index_select.out", index_select),
+        op("aten::gather", gather),
+        op("aten::gather.out", gather),
+        op("aten::arange.start_out", arange),
+        op("aten::uniform_", uniform),
+        op("aten::normal_", normal),
+    ]
+}

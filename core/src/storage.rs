@@ -1,0 +1,339 @@
+//! Device storages: PyTorch's untyped, byte-sized storage, held as one flat
+//! PJRT buffer, and strided views into it.
+//!
+//! A storage's value is typed from its first write (dtype + element count);
+//! before that it reads as zeros. Views are `(offset, sizes, strides, dtype)`
+//! in elements, exactly as ATen keeps them.
+
+use std::sync::{Arc, Mutex};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::runtime::{Buffer, Client, Device};
+
+/// What a storage holds now.
+#[derive(Clone)]
+pub enum StorageValue {
+    /// Never written: reads as zeros of any dtype.
+    Zeros,
+    /// A flat (1-D) buffer of `nbytes / dtype.size_in_bytes()` elements.
+    Buffer { buffer: Arc<Buffer>, dtype: DType },
+}
+
+/// A storage on one device. Cheap to share; the value is replaced, never
+/// mutated, so readers holding an old value are unaffected.
+pub struct Storage {
+    client: Client,
+    device: Device,
+    device_index: usize,
+    state: Mutex<StorageState>,
+}
+
+struct StorageState {
+    nbytes: usize,
+    value: StorageValue,
+}
+
+/// A strided view of a storage, in elements of `dtype`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct View {
+    pub offset: i64,
+    pub sizes: Vec<i64>,
+    pub strides: Vec<i64>,
+    pub dtype: DType,
+}
+
+impl View {
+    /// A contiguous view of `sizes` starting at element 0.
+    pub fn contiguous(sizes: &[i64], dtype: DType) -> View {
+        let mut strides = vec![1i64; sizes.len()];
+        for i in (0..sizes.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * sizes[i + 1].max(1);
+        }
+        View {
+            offset: 0,
+            sizes: sizes.to_vec(),
+            strides,
+            dtype,
+        }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.sizes.iter().map(|&s| s.max(0) as usize).product()
+    }
+
+    /// True when the view is the row-major layout of its sizes (ignoring
+    /// strides of size-1 dims, as ATen does).
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1i64;
+        for (&size, &stride) in self.sizes.iter().zip(&self.strides).rev() {
+            if size != 1 && stride != expected {
+                return false;
+            }
+            expected *= size;
+        }
+        true
+    }
+
+    /// Checks the view's shape and that every element it touches lies in a
+    /// storage of `storage_elements`.
+    pub fn check_within(&self, storage_elements: usize) -> Result<()> {
+        if self.sizes.len() != self.strides.len() {
+            return Err(Error::invalid(
+                "view",
+                format!("{} strides", self.sizes.len()),
+                self.strides.len(),
+            ));
+        }
+        if let Some(&bad) = self.sizes.iter().find(|&&s| s < 0) {
+            return Err(Error::invalid("view size", "a size >= 0", bad));
+        }
+        if let Some(&bad) = self.strides.iter().find(|&&s| s < 0) {
+            return Err(Error::invalid("view stride", "a stride >= 0", bad));
+        }
+        if self.offset < 0 {
+            return Err(Error::invalid(
+                "view storage offset",
+                "an offset >= 0",
+                self.offset,
+            ));
+        }
+        if self.numel() == 0 {
+            return Ok(());
+        }
+        let last: i64 = self.offset
+            + self
+                .sizes
+                .iter()
+                .zip(&self.strides)
+                .map(|(&n, &s)| (n - 1) * s)
+                .sum::<i64>();
+        if last as u64 >= storage_elements as u64 {
+            return Err(Error::invalid(
+                format!(
+                    "view of sizes {:?} strides {:?} offset {}",
+                    self.sizes, self.strides, self.offset
+                ),
+                format!("elements below the storage's {storage_elements}"),
+                format!("element {last}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Storage element indices of the view, in row-major order of its sizes.
+    pub fn element_indices(&self) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.numel());
+        if self.numel() == 0 {
+            return out;
+        }
+        let mut index = vec![0i64; self.sizes.len()];
+        loop {
+            let flat = self.offset
+                + index
+                    .iter()
+                    .zip(&self.strides)
+                    .map(|(i, s)| i * s)
+                    .sum::<i64>();
+            out.push(flat as usize);
+            let mut d = self.sizes.len();
+            loop {
+                if d == 0 {
+                    return out;
+                }
+                d -= 1;
+                index[d] += 1;
+                if index[d] < self.sizes[d] {
+                    break;
+                }
+                index[d] = 0;
+            }
+        }
+    }
+}
+
+impl Storage {
+    pub fn new(client: &Client, device_index: usize, nbytes: usize) -> Result<Arc<Storage>> {
+        let device = client.device(device_index)?;
+        Ok(Arc::new(Storage {
+            client: client.clone(),
+            device,
+            device_index,
+            state: Mutex::new(StorageState {
+                nbytes,
+                value: StorageValue::Zeros,
+            }),
+        }))
+    }
+
+    /// A storage holding `buffer` (flat, `dtype`) as its value.
+    pub fn from_buffer(
+        client: &Client,
+        device_index: usize,
+        buffer: Buffer,
+        dtype: DType,
+    ) -> Result<Arc<Storage>> {
+        let nbytes = buffer.host_size()?;
+        let storage = Storage::new(client, device_index, nbytes)?;
+        storage.state().value = StorageValue::Buffer {
+            buffer: Arc::new(buffer),
+            dtype,
+        };
+        Ok(storage)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, StorageState> {
+        // A panic while holding the lock cannot leave the state half-written
+        // (every update is one assignment), so a poisoned lock is still valid.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn device_index(&self) -> usize {
+        self.device_index
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.state().nbytes
+    }
+
+    pub fn value(&self) -> StorageValue {
+        self.state().value.clone()
+    }
+
+    /// Replaces the value with a flat buffer of `dtype` covering all bytes.
+    pub fn set_value(&self, buffer: Buffer, dtype: DType) -> Result<()> {
+        let mut state = self.state();
+        let elements = state.nbytes / dtype.size_in_bytes();
+        let dims = buffer.dims()?;
+        if dims != [elements as i64] || buffer.dtype()? != dtype {
+            return Err(Error::invalid(
+                "storage value",
+                format!("{dtype}[{elements}]"),
+                format!("{}{dims:?}", buffer.dtype()?),
+            ));
+        }
+        state.value = StorageValue::Buffer {
+            buffer: Arc::new(buffer),
+            dtype,
+        };
+        Ok(())
+    }
+
+    /// Elements of `dtype` the storage holds.
+    pub fn elements(&self, dtype: DType) -> Result<usize> {
+        let nbytes = self.nbytes();
+        if nbytes % dtype.size_in_bytes() != 0 {
+            return Err(Error::invalid(
+                format!("storage of {nbytes} bytes viewed as {dtype}"),
+                format!("a multiple of {} bytes", dtype.size_in_bytes()),
+                nbytes,
+            ));
+        }
+        Ok(nbytes / dtype.size_in_bytes())
+    }
+
+    /// All bytes of the storage on the host (zeros if never written).
+    pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
+        let (nbytes, value) = {
+            let state = self.state();
+            (state.nbytes, state.value.clone())
+        };
+        match value {
+            StorageValue::Zeros => Ok(vec![0u8; nbytes]),
+            StorageValue::Buffer { buffer, .. } => buffer.to_host(),
+        }
+    }
+
+    /// Replaces all bytes of the storage, typing its value as `dtype`.
+    pub fn write_host_bytes(&self, bytes: &[u8], dtype: DType) -> Result<()> {
+        let elements = self.elements(dtype)?;
+        if bytes.len() != self.nbytes() {
+            return Err(Error::invalid("storage bytes", self.nbytes(), bytes.len()));
+        }
+        let buffer =
+            self.client
+                .buffer_from_host(bytes, dtype, &[elements as i64], &self.device)?;
+        self.set_value(buffer, dtype)
+    }
+
+    /// The dense, row-major bytes of `view`.
+    pub fn read_view(&self, view: &View) -> Result<Vec<u8>> {
+        view.check_within(self.elements(view.dtype)?)?;
+        let all = self.to_host_bytes()?;
+        let size = view.dtype.size_in_bytes();
+        let mut out = Vec::with_capacity(view.numel() * size);
+        for index in view.element_indices() {
+            out.extend_from_slice(&all[index * size..(index + 1) * size]);
+        }
+        Ok(out)
+    }
+
+    /// Writes dense, row-major `bytes` into `view`; the rest of the storage
+    /// keeps its bytes.
+    pub fn write_view(&self, view: &View, bytes: &[u8]) -> Result<()> {
+        view.check_within(self.elements(view.dtype)?)?;
+        let size = view.dtype.size_in_bytes();
+        if bytes.len() != view.numel() * size {
+            return Err(Error::invalid(
+                format!(
+                    "host data for a {} view of sizes {:?}",
+                    view.dtype, view.sizes
+                ),
+                format!("{} bytes", view.numel() * size),
+                format!("{} bytes", bytes.len()),
+            ));
+        }
+        let whole =
+            view.offset == 0 && view.is_contiguous() && view.numel() * size == self.nbytes();
+        let mut all = if whole {
+            Vec::new()
+        } else {
+            self.to_host_bytes()?
+        };
+        if whole {
+            all = bytes.to_vec();
+        } else {
+            for (i, index) in view.element_indices().into_iter().enumerate() {
+                all[index * size..(index + 1) * size]
+                    .copy_from_slice(&bytes[i * size..(i + 1) * size]);
+            }
+        }
+        self.write_host_bytes(&all, view.dtype)
+    }
+
+    /// Grows or shrinks the storage to `nbytes`, keeping the common prefix
+    /// (PyTorch's `resize_` semantics; new bytes are zeros).
+    pub fn resize(&self, nbytes: usize) -> Result<()> {
+        let (old_nbytes, value) = {
+            let state = self.state();
+            (state.nbytes, state.value.clone())
+        };
+        if nbytes == old_nbytes {
+            return Ok(());
+        }
+        match value {
+            StorageValue::Zeros => {
+                self.state().nbytes = nbytes;
+                Ok(())
+            }
+            StorageValue::Buffer { buffer, dtype } => {
+                let mut bytes = buffer.to_host()?;
+                bytes.resize(nbytes, 0);
+                self.state().nbytes = nbytes;
+                if nbytes % dtype.size_in_bytes() == 0 {
+                    self.write_host_bytes(&bytes, dtype)
+                } else {
+                    self.write_host_bytes(&bytes, DType::U8)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,448 @@
+//! The eager engine on the real CPU plugin: ops on strided views, in-place
+//! writes through views, promotion, and errors.
+
+mod common;
+
+use common::{assert_close, f32_bytes, f32s_from, host_matmul, Rng};
+use rtpu_core::engine::{self, Arg, Output, TensorArg};
+use rtpu_core::storage::{Storage, View};
+use rtpu_core::{DType, ErrorCode};
+
+const RTOL: f32 = 1e-5;
+const ATOL: f32 = 1e-6;
+
+fn op(name: &str) -> usize {
+    engine::find_op(name).unwrap_or_else(|| panic!("{name} is not in the op table"))
+}
+
+fn f32_tensor(values: &[f32], sizes: &[i64]) -> TensorArg {
+    let client = common::cpu_client();
+    let storage = Storage::new(client, 0, values.len() * 4).unwrap();
+    storage
+        .write_host_bytes(&f32_bytes(values), DType::F32)
+        .unwrap();
+    TensorArg {
+        storage,
+        view: View::contiguous(sizes, DType::F32),
+    }
+}
+
+fn i64_tensor(values: &[i64], sizes: &[i64]) -> TensorArg {
+    let client = common::cpu_client();
+    let storage = Storage::new(client, 0, values.len() * 8).unwrap();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    storage.write_host_bytes(&bytes, DType::I64).unwrap();
+    TensorArg {
+        storage,
+        view: View::contiguous(sizes, DType::I64),
+    }
+}
+
+fn read(t: &TensorArg) -> Vec<f32> {
+    f32s_from(&t.storage.read_view(&t.view).unwrap())
+}
+
+fn call(name: &str, args: &[Arg]) -> Vec<TensorArg> {
+    engine::call(common::cpu_client(), op(name), args)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .into_iter()
+        .map(|out| match out {
+            Output::New { storage, view } => TensorArg { storage, view },
+            Output::Alias(i) => match &args[i] {
+                Arg::Tensor(t) => t.clone(),
+                _ => panic!("alias of a non-tensor"),
+            },
+        })
+        .collect()
+}
+
+fn t(arg: &TensorArg) -> Arg {
+    Arg::Tensor(arg.clone())
+}
+
+#[test]
+fn add_broadcasts_with_alpha() {
+    let mut rng = Rng::fresh("add");
+    let (a, b) = (rng.f32s(6), rng.f32s(3));
+    let out = call(
+        "aten::add.Tensor",
+        &[
+            t(&f32_tensor(&a, &[2, 3])),
+            t(&f32_tensor(&b, &[3])),
+            Arg::Float(0.5),
+        ],
+    );
+    let want: Vec<f32> = (0..6).map(|i| a[i] + 0.5 * b[i % 3]).collect();
+    assert_eq!(out[0].view.sizes, vec![2, 3]);
+    assert_close(&read(&out[0]), &want, RTOL, ATOL);
+}
+
+#[test]
+fn reads_transposed_and_strided_views() {
+    let mut rng = Rng::fresh("views");
+    let a = rng.f32s(12);
+    let base = f32_tensor(&a, &[3, 4]);
+    // a.t(): sizes [4, 3], strides [1, 4]
+    let transposed = TensorArg {
+        storage: base.storage.clone(),
+        view: View {
+            offset: 0,
+            sizes: vec![4, 3],
+            strides: vec![1, 4],
+            dtype: DType::F32,
+        },
+    };
+    let out = call("aten::mul.Scalar", &[t(&transposed), Arg::Float(2.0)]);
+    let want: Vec<f32> = (0..12).map(|k| 2.0 * a[(k % 3) * 4 + k / 3]).collect();
+    assert_close(&read(&out[0]), &want, 0.0, 0.0);
+    // a[:, 1]: sizes [3], stride 4, offset 1 (not a permuted dense layout: a gather)
+    let column = TensorArg {
+        storage: base.storage.clone(),
+        view: View {
+            offset: 1,
+            sizes: vec![3],
+            strides: vec![4],
+            dtype: DType::F32,
+        },
+    };
+    let out = call("aten::neg", &[t(&column)]);
+    assert_close(&read(&out[0]), &[-a[1], -a[5], -a[9]], 0.0, 0.0);
+    // expand: stride 0
+    let row = f32_tensor(&a[..4], &[4]);
+    let expanded = TensorArg {
+        storage: row.storage.clone(),
+        view: View {
+            offset: 0,
+            sizes: vec![2, 4],
+            strides: vec![0, 1],
+            dtype: DType::F32,
+        },
+    };
+    let out = call("aten::abs", &[t(&expanded)]);
+    let want: Vec<f32> = (0..8).map(|k| a[k % 4].abs()).collect();
+    assert_close(&read(&out[0]), &want, 0.0, 0.0);
+}
+
+#[test]
+fn in_place_writes_through_views_show_in_the_base() {
+    let mut rng = Rng::fresh("inplace");
+    let a = rng.f32s(12);
+    let base = f32_tensor(&a, &[3, 4]);
+    // x[:, 1].add_(1)
+    let column = TensorArg {
+        storage: base.storage.clone(),
+        view: View {
+            offset: 1,
+            sizes: vec![3],
+            strides: vec![4],
+            dtype: DType::F32,
+        },
+    };
+    call("aten::add_.Scalar", &[t(&column), Arg::Int(1), Arg::Int(1)]);
+    let mut want = a.clone();
+    for r in 0..3 {
+        want[r * 4 + 1] += 1.0;
+    }
+    assert_close(&read(&base), &want, 0.0, 0.0);
+    // y = x.t(); y.mul_(2)
+    let transposed = TensorArg {
+        storage: base.storage.clone(),
+        view: View {
+            offset: 0,
+            sizes: vec![4, 3],
+            strides: vec![1, 4],
+            dtype: DType::F32,
+        },
+    };
+    call("aten::mul_.Scalar", &[t(&transposed), Arg::Float(2.0)]);
+    let want: Vec<f32> = want.iter().map(|v| v * 2.0).collect();
+    assert_close(&read(&base), &want, 0.0, 0.0);
+    // a contiguous row in the middle: x[1].zero_()
+    let row = TensorArg {
+        storage: base.storage.clone(),
+        view: View {
+            offset: 4,
+            sizes: vec![4],
+            strides: vec![1],
+            dtype: DType::F32,
+        },
+    };
+    call("aten::zero_", &[t(&row)]);
+    let got = read(&base);
+    assert_eq!(&got[4..8], &[0.0; 4]);
+    assert_close(&got[..4], &want[..4], 0.0, 0.0);
+}
+
+#[test]
+fn addmm_and_mm_match_host() {
+    let mut rng = Rng::fresh("addmm");
+    let (x, w, bias) = (rng.f32s(8 * 5), rng.f32s(3 * 5), rng.f32s(3));
+    let wt = f32_tensor(&w, &[3, 5]);
+    // Linear: addmm(bias, x, w.t())
+    let w_t = TensorArg {
+        storage: wt.storage.clone(),
+        view: View {
+            offset: 0,
+            sizes: vec![5, 3],
+            strides: vec![1, 5],
+            dtype: DType::F32,
+        },
+    };
+    let out = call(
+        "aten::addmm",
+        &[
+            t(&f32_tensor(&bias, &[3])),
+            t(&f32_tensor(&x, &[8, 5])),
+            t(&w_t),
+            Arg::Int(1),
+            Arg::Int(1),
+        ],
+    );
+    let w_transposed: Vec<f32> = (0..15).map(|k| w[(k % 3) * 5 + k / 3]).collect();
+    let mm = host_matmul(&x, &w_transposed, 8, 5, 3);
+    let want: Vec<f32> = mm
+        .iter()
+        .enumerate()
+        .map(|(k, v)| v + bias[k % 3])
+        .collect();
+    assert_close(&read(&out[0]), &want, RTOL, 1e-5);
+}
+
+#[test]
+fn log_softmax_nll_loss_and_backward() {
+    let mut rng = Rng::fresh("nll");
+    let logits = rng.f32s(4 * 5);
+    let targets = [0i64, 3, 4, 1];
+    let ls = call(
+        "aten::_log_softmax",
+        &[
+            t(&f32_tensor(&logits, &[4, 5])),
+            Arg::Int(1),
+            Arg::Bool(false),
+        ],
+    );
+    let mut want_ls = vec![0f32; 20];
+    for r in 0..4 {
+        let row = &logits[r * 5..(r + 1) * 5];
+        let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f32>().ln();
+        for c in 0..5 {
+            want_ls[r * 5 + c] = row[c] - lse;
+        }
+    }
+    assert_close(&read(&ls[0]), &want_ls, 1e-5, 1e-6);
+    let target = i64_tensor(&targets, &[4]);
+    let out = call(
+        "aten::nll_loss_forward",
+        &[
+            t(&ls[0]),
+            t(&target),
+            Arg::None,
+            Arg::Int(1),
+            Arg::Int(-100),
+        ],
+    );
+    let want: f32 = -targets
+        .iter()
+        .enumerate()
+        .map(|(r, &c)| want_ls[r * 5 + c as usize])
+        .sum::<f32>()
+        / 4.0;
+    assert_close(&read(&out[0]), &[want], 1e-5, 1e-6);
+    assert_close(&read(&out[1]), &[4.0], 0.0, 0.0);
+    let grad = call(
+        "aten::nll_loss_backward",
+        &[
+            t(&f32_tensor(&[1.0], &[])),
+            t(&ls[0]),
+            t(&target),
+            Arg::None,
+            Arg::Int(1),
+            Arg::Int(-100),
+            t(&out[1]),
+        ],
+    );
+    let mut want_grad = vec![0f32; 20];
+    for (r, &c) in targets.iter().enumerate() {
+        want_grad[r * 5 + c as usize] = -0.25;
+    }
+    assert_close(&read(&grad[0]), &want_grad, 0.0, 0.0);
+
+    let bad = i64_tensor(&[0, 7, 1, 1], &[4]);
+    let err = engine::call(
+        common::cpu_client(),
+        op("aten::nll_loss_forward"),
+        &[t(&ls[0]), t(&bad), Arg::None, Arg::Int(1), Arg::Int(-100)],
+    )
+    .err()
+    .unwrap();
+    assert!(
+        err.to_string().contains("Target 7 is out of bounds"),
+        "{err}"
+    );
+}
+
+#[test]
+fn sum_mean_argmax() {
+    let mut rng = Rng::fresh("reduce");
+    let a = rng.f32s(12);
+    let x = f32_tensor(&a, &[3, 4]);
+    let s = call(
+        "aten::sum.dim_IntList",
+        &[t(&x), Arg::IntList(vec![1]), Arg::Bool(true), Arg::None],
+    );
+    assert_eq!(s[0].view.sizes, vec![3, 1]);
+    let want: Vec<f32> = (0..3).map(|r| a[r * 4..(r + 1) * 4].iter().sum()).collect();
+    assert_close(&read(&s[0]), &want, RTOL, ATOL);
+    let m = call("aten::mean", &[t(&x), Arg::None]);
+    assert_close(&read(&m[0]), &[a.iter().sum::<f32>() / 12.0], RTOL, ATOL);
+    let am = call("aten::argmax", &[t(&x), Arg::Int(0), Arg::Bool(false)]);
+    let got: Vec<i64> = am[0]
+        .storage
+        .read_view(&am[0].view)
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    let want: Vec<i64> = (0..4)
+        .map(|c| {
+            (0..3)
+                .max_by(|&i, &j| a[i * 4 + c].partial_cmp(&a[j * 4 + c]).unwrap())
+                .unwrap() as i64
+        })
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn integer_true_division_promotes_to_float() {
+    let x = i64_tensor(&[7, -7, 9], &[3]);
+    let out = call("aten::div.Scalar", &[t(&x), Arg::Int(2)]);
+    assert_eq!(out[0].view.dtype, DType::F32);
+    assert_close(&read(&out[0]), &[3.5, -3.5, 4.5], 0.0, 0.0);
+    let out = call(
+        "aten::div.Scalar_mode",
+        &[t(&x), Arg::Int(2), Arg::Str("floor".into())],
+    );
+    assert_eq!(out[0].view.dtype, DType::I64);
+    let got: Vec<i64> = out[0]
+        .storage
+        .read_view(&out[0].view)
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, vec![3, -4, 4]);
+}
+
+#[test]
+fn foreach_updates_every_tensor_in_one_call() {
+    let mut rng = Rng::fresh("foreach");
+    let (a, b, g1, g2) = (rng.f32s(4), rng.f32s(6), rng.f32s(4), rng.f32s(6));
+    let (ta, tb) = (f32_tensor(&a, &[4]), f32_tensor(&b, &[2, 3]));
+    let list = Arg::TensorList(vec![Some(ta.clone()), Some(tb.clone())]);
+    let grads = Arg::TensorList(vec![
+        Some(f32_tensor(&g1, &[4])),
+        Some(f32_tensor(&g2, &[2, 3])),
+    ]);
+    let out = engine::call(
+        common::cpu_client(),
+        op("aten::_foreach_add_.List"),
+        &[list, grads, Arg::Float(-0.1)],
+    )
+    .unwrap();
+    assert!(out.is_empty());
+    assert_close(
+        &read(&ta),
+        &a.iter()
+            .zip(&g1)
+            .map(|(x, g)| x - 0.1 * g)
+            .collect::<Vec<_>>(),
+        RTOL,
+        ATOL,
+    );
+    assert_close(
+        &read(&tb),
+        &b.iter()
+            .zip(&g2)
+            .map(|(x, g)| x - 0.1 * g)
+            .collect::<Vec<_>>(),
+        RTOL,
+        ATOL,
+    );
+}
+
+#[test]
+fn uniform_and_normal_have_the_right_statistics() {
+    let client = common::cpu_client();
+    let n = 20000;
+    let storage = Storage::new(client, 0, n * 4).unwrap();
+    let x = TensorArg {
+        storage,
+        view: View::contiguous(&[n as i64], DType::F32),
+    };
+    call(
+        "aten::uniform_",
+        &[
+            t(&x),
+            Arg::Float(-1.0),
+            Arg::Float(3.0),
+            Arg::Generator { seed: 7, offset: 0 },
+        ],
+    );
+    let u = read(&x);
+    assert!(u.iter().all(|&v| (-1.0..3.0).contains(&v)));
+    let mean = u.iter().sum::<f32>() / n as f32;
+    assert!((mean - 1.0).abs() < 0.05, "uniform mean {mean}");
+    call(
+        "aten::normal_",
+        &[
+            t(&x),
+            Arg::Float(2.0),
+            Arg::Float(0.5),
+            Arg::Generator { seed: 7, offset: 1 },
+        ],
+    );
+    let z = read(&x);
+    let mean = z.iter().sum::<f32>() / n as f32;
+    let var = z.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
+    assert!(
+        (mean - 2.0).abs() < 0.02 && (var.sqrt() - 0.5).abs() < 0.02,
+        "normal mean {mean} std {}",
+        var.sqrt()
+    );
+}
+
+#[test]
+fn bad_input_is_an_error_and_leaves_storage_intact() {
+    let a = f32_tensor(&[1.0, 2.0, 3.0], &[3]);
+    let b = f32_tensor(&[1.0, 2.0], &[2]);
+    let err = engine::call(
+        common::cpu_client(),
+        op("aten::add_.Tensor"),
+        &[t(&a), t(&b), Arg::Int(1)],
+    )
+    .err()
+    .unwrap();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert!(err.to_string().contains("broadcast"), "{err}");
+    assert_eq!(read(&a), vec![1.0, 2.0, 3.0]);
+    let idx = i64_tensor(&[0, 5], &[2]);
+    let err = engine::call(
+        common::cpu_client(),
+        op("aten::index_select"),
+        &[t(&a), Arg::Int(0), t(&idx)],
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("out of range"), "{err}");
+    let ints = i64_tensor(&[1, 2, 3], &[3]);
+    let err = engine::call(
+        common::cpu_client(),
+        op("aten::add_.Scalar"),
+        &[t(&ints), Arg::Float(0.5), Arg::Int(1)],
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("castable"), "{err}");
+}

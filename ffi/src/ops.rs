@@ -1,0 +1,364 @@
+//! The generic op call: ATen ops by schema name, with arguments as tagged
+//! values mirroring `c10::IValue`.
+
+use std::ffi::{c_char, CString};
+use std::sync::OnceLock;
+
+use rtpu_core::engine::{self, Arg, Output, TensorArg};
+
+use crate::boundary::{c_str, check_struct_size, fallible, infallible, non_null, out_ptr, slice};
+use crate::buffer::{dtype_from_c, dtype_to_c};
+use crate::error::{rtpu_error, FfiError};
+use crate::runtime::{rtpu_runtime, runtime_ref};
+use crate::storage::{rtpu_storage, rtpu_tensor_ref, storage_into_raw, tensor_view};
+
+// Tags of `rtpu_op_arg` (`uint32_t`).
+/// `None` (an absent optional).
+pub const RTPU_ARG_NONE: u32 = 0;
+/// `tensor` is set.
+pub const RTPU_ARG_TENSOR: u32 = 1;
+/// `int_value` is set (also an integral `Scalar`, `SymInt`, `Layout`, `MemoryFormat`).
+pub const RTPU_ARG_INT: u32 = 2;
+/// `double_value` is set (also a floating `Scalar`).
+pub const RTPU_ARG_DOUBLE: u32 = 3;
+/// `bool_value` is set (also a boolean `Scalar`).
+pub const RTPU_ARG_BOOL: u32 = 4;
+/// `int_list`/`list_size` are set.
+pub const RTPU_ARG_INT_LIST: u32 = 5;
+/// `double_list`/`list_size` are set.
+pub const RTPU_ARG_DOUBLE_LIST: u32 = 6;
+/// `tensor_list`/`list_size` are set; an element whose `storage` is NULL is
+/// an absent optional tensor.
+pub const RTPU_ARG_TENSOR_LIST: u32 = 7;
+/// `int_value` is an `RTPU_DTYPE_*`.
+pub const RTPU_ARG_DTYPE: u32 = 8;
+/// `string_value` is set.
+pub const RTPU_ARG_STRING: u32 = 9;
+/// `int_value` is a device index of the runtime.
+pub const RTPU_ARG_DEVICE: u32 = 10;
+/// A random generator: `int_list` holds `{seed, offset}` (`list_size` 2).
+pub const RTPU_ARG_GENERATOR: u32 = 11;
+
+/// One argument of `rtpu_op_call`; `tag` says which fields are set. All
+/// pointers are borrowed for the call only.
+#[repr(C)]
+pub struct rtpu_op_arg {
+    /// One of `RTPU_ARG_*`.
+    pub tag: u32,
+    pub tensor: rtpu_tensor_ref,
+    pub int_value: i64,
+    pub double_value: f64,
+    pub bool_value: bool,
+    pub int_list: *const i64,
+    pub double_list: *const f64,
+    pub tensor_list: *const rtpu_tensor_ref,
+    pub list_size: usize,
+    /// NUL-terminated.
+    pub string_value: *const c_char,
+}
+
+/// The result of an op call; free it with `rtpu_op_result_destroy`.
+pub struct rtpu_op_result {
+    _private: [u8; 0],
+}
+
+/// One output of an op, filled by `rtpu_op_result_get`.
+#[repr(C)]
+pub struct rtpu_op_output {
+    /// In: set to `RTPU_OP_OUTPUT_STRUCT_SIZE` by the caller.
+    pub struct_size: usize,
+    /// A new storage (one reference, which the caller must release), or NULL
+    /// when the output is argument `alias_of` itself (in-place and out= ops).
+    pub storage: *mut rtpu_storage,
+    /// The index of the argument this output is, or -1 for a new tensor.
+    pub alias_of: i64,
+    /// The new tensor's view (unset for aliases); `sizes` and `strides` are
+    /// owned by the result and live until `rtpu_op_result_destroy`.
+    pub storage_offset: i64,
+    pub sizes: *const i64,
+    pub strides: *const i64,
+    pub ndim: usize,
+    /// One of `RTPU_DTYPE_*` (unset for aliases).
+    pub dtype: u32,
+}
+
+/// `sizeof(rtpu_op_output)` in ABI v0.
+pub const RTPU_OP_OUTPUT_STRUCT_SIZE: usize = 64;
+
+fn op_names() -> &'static [CString] {
+    static NAMES: OnceLock<Vec<CString>> = OnceLock::new();
+    NAMES.get_or_init(|| {
+        engine::op_names()
+            .iter()
+            .map(|name| CString::new(*name).expect("op names have no NUL"))
+            .collect()
+    })
+}
+
+/// The number of ATen ops rtpu runs natively. Thread-safe.
+#[no_mangle]
+pub extern "C" fn rtpu_op_count() -> usize {
+    infallible(0, || op_names().len())
+}
+
+/// The schema name (e.g. "aten::add.Tensor") of op `index`, below
+/// `rtpu_op_count()`; the index is the op's id for `rtpu_op_call`. Out of
+/// range gives NULL. The string is static. Thread-safe.
+#[no_mangle]
+pub extern "C" fn rtpu_op_name(index: usize) -> *const c_char {
+    infallible(std::ptr::null(), || {
+        op_names()
+            .get(index)
+            .map_or(std::ptr::null(), |n| n.as_ptr())
+    })
+}
+
+/// Converts one C argument into the engine's form.
+///
+/// # Safety
+/// The pointers in `arg` must be valid as its documentation says.
+unsafe fn convert_arg(arg: &rtpu_op_arg, index: usize) -> Result<Arg, FfiError> {
+    let what = format!("args[{index}]");
+    let tensor = |t: &rtpu_tensor_ref, what: &str| -> Result<TensorArg, FfiError> {
+        // SAFETY: guaranteed by the caller.
+        let (storage, view) = unsafe { tensor_view(t, what) }?;
+        Ok(TensorArg { storage, view })
+    };
+    Ok(match arg.tag {
+        RTPU_ARG_NONE => Arg::None,
+        RTPU_ARG_TENSOR => Arg::Tensor(tensor(&arg.tensor, &format!("{what}.tensor"))?),
+        RTPU_ARG_INT => Arg::Int(arg.int_value),
+        RTPU_ARG_DOUBLE => Arg::Float(arg.double_value),
+        RTPU_ARG_BOOL => Arg::Bool(arg.bool_value),
+        RTPU_ARG_INT_LIST => {
+            // SAFETY: guaranteed by the caller.
+            Arg::IntList(unsafe { slice(arg.int_list, arg.list_size, &what) }?.to_vec())
+        }
+        RTPU_ARG_DOUBLE_LIST => {
+            // SAFETY: guaranteed by the caller.
+            Arg::FloatList(unsafe { slice(arg.double_list, arg.list_size, &what) }?.to_vec())
+        }
+        RTPU_ARG_TENSOR_LIST => {
+            // SAFETY: guaranteed by the caller.
+            let items = unsafe { slice(arg.tensor_list, arg.list_size, &what) }?;
+            Arg::TensorList(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        if t.storage.is_null() {
+                            Ok(None)
+                        } else {
+                            tensor(t, &format!("{what}.tensor_list[{i}]")).map(Some)
+                        }
+                    })
+                    .collect::<Result<_, _>>()?,
+            )
+        }
+        RTPU_ARG_DTYPE => Arg::ScalarType(dtype_from_c(arg.int_value as u32)?),
+        // SAFETY: guaranteed by the caller.
+        RTPU_ARG_STRING => Arg::Str(unsafe { c_str(arg.string_value, &what) }?.to_string()),
+        RTPU_ARG_DEVICE => Arg::Device(arg.int_value),
+        RTPU_ARG_GENERATOR => {
+            // SAFETY: guaranteed by the caller.
+            let state = unsafe { slice(arg.int_list, arg.list_size, &what) }?;
+            match state {
+                [seed, offset] => Arg::Generator {
+                    seed: *seed as u64,
+                    offset: *offset as u64,
+                },
+                _ => {
+                    return Err(FfiError::invalid(format!(
+                        "{what}: a generator is {{seed, offset}}"
+                    )))
+                }
+            }
+        }
+        other => {
+            return Err(FfiError::invalid(format!(
+                "{what}.tag is {other}; expected one of RTPU_ARG_*"
+            )))
+        }
+    })
+}
+
+/// An output with its view arrays kept alive for C.
+struct ResultOutput {
+    output: Output,
+    sizes: Vec<i64>,
+    strides: Vec<i64>,
+}
+
+/// Runs op `op` (an index below `rtpu_op_count()`) on the runtime's devices.
+/// Inputs are read and in-place outputs written before this returns; any
+/// error leaves every argument's storage as it was. On success the caller
+/// owns `*result_out`. Thread-safe (ops on disjoint storages may run
+/// concurrently).
+#[no_mangle]
+pub extern "C" fn rtpu_op_call(
+    runtime: *const rtpu_runtime,
+    op: usize,
+    args: *const rtpu_op_arg,
+    num_args: usize,
+    result_out: *mut *mut rtpu_op_result,
+) -> *mut rtpu_error {
+    fallible("rtpu_op_call", || {
+        // SAFETY: a non-NULL handle is live per the docs.
+        let rt = unsafe { runtime_ref(runtime) }?;
+        let result_out = out_ptr(result_out, "result_out")?;
+        if op >= op_names().len() {
+            return Err(FfiError::invalid(format!(
+                "op {op} is not below rtpu_op_count() ({})",
+                op_names().len()
+            )));
+        }
+        // SAFETY: documented as `num_args` arguments.
+        let raw = unsafe { slice(args, num_args, "args") }?;
+        let args = raw
+            .iter()
+            .enumerate()
+            // SAFETY: each argument's pointers are valid per the docs.
+            .map(|(i, a)| unsafe { convert_arg(a, i) })
+            .collect::<Result<Vec<_>, _>>()?;
+        let outputs = engine::call(&rt.client, op, &args)?;
+        let outputs: Vec<ResultOutput> = outputs
+            .into_iter()
+            .map(|output| {
+                let (sizes, strides) = match &output {
+                    Output::New { view, .. } => (view.sizes.clone(), view.strides.clone()),
+                    Output::Alias(_) => (Vec::new(), Vec::new()),
+                };
+                ResultOutput {
+                    output,
+                    sizes,
+                    strides,
+                }
+            })
+            .collect();
+        // SAFETY: checked non-NULL; written only on success.
+        unsafe { *result_out = Box::into_raw(Box::new(outputs)).cast() };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// A non-NULL `result` must be a live handle from `rtpu_op_call`.
+unsafe fn result_ref<'a>(result: *const rtpu_op_result) -> Result<&'a Vec<ResultOutput>, FfiError> {
+    // SAFETY: guaranteed by the caller.
+    unsafe { non_null(result.cast::<Vec<ResultOutput>>(), "result") }
+}
+
+/// The number of outputs. NULL gives 0.
+#[no_mangle]
+pub extern "C" fn rtpu_op_result_count(result: *const rtpu_op_result) -> usize {
+    infallible(0, || {
+        // SAFETY: a non-NULL handle is live per the docs.
+        unsafe { result_ref(result) }.map_or(0, |r| r.len())
+    })
+}
+
+/// Fills `*output_out` (whose `struct_size` the caller sets) with output
+/// `index`. A new tensor's `storage` is a new reference the caller releases.
+#[no_mangle]
+pub extern "C" fn rtpu_op_result_get(
+    result: *const rtpu_op_result,
+    index: usize,
+    output_out: *mut rtpu_op_output,
+) -> *mut rtpu_error {
+    fallible("rtpu_op_result_get", || {
+        // SAFETY: a non-NULL handle is live per the docs.
+        let result = unsafe { result_ref(result) }?;
+        let output_out = out_ptr(output_out, "output_out")?;
+        // SAFETY: non-NULL; its first field is `struct_size`.
+        let given = unsafe { (*output_out).struct_size };
+        check_struct_size("rtpu_op_output", given, RTPU_OP_OUTPUT_STRUCT_SIZE)?;
+        let item = result.get(index).ok_or_else(|| {
+            FfiError::invalid(format!(
+                "output index {index} is not below {}",
+                result.len()
+            ))
+        })?;
+        let output = match &item.output {
+            Output::Alias(arg) => rtpu_op_output {
+                struct_size: given,
+                storage: std::ptr::null_mut(),
+                alias_of: *arg as i64,
+                storage_offset: 0,
+                sizes: std::ptr::null(),
+                strides: std::ptr::null(),
+                ndim: 0,
+                dtype: 0,
+            },
+            Output::New { storage, view } => {
+                // The dtype first: nothing may fail after a reference is handed out.
+                let dtype = dtype_to_c(view.dtype)?;
+                rtpu_op_output {
+                    struct_size: given,
+                    storage: storage_into_raw(storage.clone()),
+                    alias_of: -1,
+                    storage_offset: view.offset,
+                    sizes: item.sizes.as_ptr(),
+                    strides: item.strides.as_ptr(),
+                    ndim: item.sizes.len(),
+                    dtype,
+                }
+            }
+        };
+        // SAFETY: the caller's struct is at least the v0 size checked above.
+        unsafe { output_out.write(output) };
+        Ok(())
+    })
+}
+
+/// Frees a result (storages handed out by `rtpu_op_result_get` keep their
+/// own references). NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn rtpu_op_result_destroy(result: *mut rtpu_op_result) {
+    infallible((), || {
+        if !result.is_null() {
+            // SAFETY: came from `rtpu_op_call`; destroyed once.
+            drop(unsafe { Box::from_raw(result.cast::<Vec<ResultOutput>>()) });
+        }
+    })
+}
+
+/// Engine counters since the process started, filled by `rtpu_metrics_get`.
+#[repr(C)]
+pub struct rtpu_metrics {
+    /// In: set to `RTPU_METRICS_STRUCT_SIZE` by the caller.
+    pub struct_size: usize,
+    /// Ops run by `rtpu_op_call`.
+    pub ops_run: u64,
+    /// Programs compiled by XLA.
+    pub executables_compiled: u64,
+    /// Op calls served by an already compiled program.
+    pub cache_hits: u64,
+    pub host_to_device_bytes: u64,
+    pub device_to_host_bytes: u64,
+}
+
+/// `sizeof(rtpu_metrics)` in ABI v0.
+pub const RTPU_METRICS_STRUCT_SIZE: usize = 48;
+
+/// Fills `*metrics_out` (whose `struct_size` the caller sets). Thread-safe.
+#[no_mangle]
+pub extern "C" fn rtpu_metrics_get(metrics_out: *mut rtpu_metrics) -> *mut rtpu_error {
+    fallible("rtpu_metrics_get", || {
+        let metrics_out = out_ptr(metrics_out, "metrics_out")?;
+        // SAFETY: non-NULL; its first field is `struct_size`.
+        let given = unsafe { (*metrics_out).struct_size };
+        check_struct_size("rtpu_metrics", given, RTPU_METRICS_STRUCT_SIZE)?;
+        let m = engine::metrics();
+        let metrics = rtpu_metrics {
+            struct_size: given,
+            ops_run: m.ops_run,
+            executables_compiled: m.executables_compiled,
+            cache_hits: m.cache_hits,
+            host_to_device_bytes: m.host_to_device_bytes,
+            device_to_host_bytes: m.device_to_host_bytes,
+        };
+        // SAFETY: the caller's struct is at least the v0 size checked above.
+        unsafe { metrics_out.write(metrics) };
+        Ok(())
+    })
+}

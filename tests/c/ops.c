@@ -1,0 +1,141 @@
+/* Storages, strided views and the generic op call through the C ABI, with
+ * bad input for each entry point. */
+#include <stdint.h>
+
+#include "check.h"
+
+enum { INVALID = RTPU_ERROR_CODE_INVALID_ARGUMENT };
+
+static size_t find_op(const char *name) {
+  for (size_t i = 0; i < rtpu_op_count(); i++) {
+    if (strcmp(rtpu_op_name(i), name) == 0) return i;
+  }
+  fprintf(stderr, "op %s not found\n", name);
+  exit(1);
+}
+
+static rtpu_tensor_ref view_of(const rtpu_storage *s, int64_t offset, const int64_t *sizes,
+                               const int64_t *strides, size_t ndim) {
+  rtpu_tensor_ref ref;
+  memset(&ref, 0, sizeof ref);
+  ref.storage = s;
+  ref.storage_offset = offset;
+  ref.sizes = sizes;
+  ref.strides = strides;
+  ref.ndim = ndim;
+  ref.dtype = RTPU_DTYPE_FLOAT32;
+  return ref;
+}
+
+int main(void) {
+  rtpu_runtime_open_args open_args = {0};
+  open_args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
+  rtpu_runtime *rt = NULL;
+  CHECK_OK(rtpu_runtime_open(&open_args, &rt));
+  CHECK(rtpu_op_count() > 0);
+  CHECK(rtpu_op_name(rtpu_op_count()) == NULL);
+
+  /* A 2x3 float storage; write it through the whole view. */
+  rtpu_storage *s = NULL;
+  CHECK_OK(rtpu_storage_new(rt, 0, 6 * sizeof(float), &s));
+  CHECK(rtpu_storage_nbytes(s) == 24 && rtpu_storage_device_index(s) == 0);
+  const float data[6] = {1, 2, 3, 4, 5, 6};
+  const int64_t sizes[2] = {2, 3}, strides[2] = {3, 1};
+  rtpu_tensor_ref whole = view_of(s, 0, sizes, strides, 2);
+  CHECK_OK(rtpu_tensor_copy_from_host(&whole, data, sizeof data));
+
+  /* Column 1 as a strided view: add 10 in place with add_.Scalar. */
+  const int64_t col_sizes[1] = {2}, col_strides[1] = {3};
+  rtpu_tensor_ref column = view_of(s, 1, col_sizes, col_strides, 1);
+  rtpu_op_arg args[3];
+  memset(args, 0, sizeof args);
+  args[0].tag = RTPU_ARG_TENSOR;
+  args[0].tensor = column;
+  args[1].tag = RTPU_ARG_DOUBLE;
+  args[1].double_value = 10.0;
+  args[2].tag = RTPU_ARG_INT;
+  args[2].int_value = 1;
+  rtpu_op_result *result = NULL;
+  CHECK_OK(rtpu_op_call(rt, find_op("aten::add_.Scalar"), args, 3, &result));
+  CHECK(rtpu_op_result_count(result) == 1);
+  rtpu_op_output out;
+  memset(&out, 0, sizeof out);
+  out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
+  CHECK_OK(rtpu_op_result_get(result, 0, &out));
+  CHECK(out.alias_of == 0 && out.storage == NULL);
+  rtpu_op_result_destroy(result);
+  float back[6];
+  CHECK_OK(rtpu_tensor_copy_to_host(&whole, back, sizeof back));
+  const float want[6] = {1, 12, 3, 4, 15, 6};
+  CHECK(memcmp(back, want, sizeof want) == 0);
+
+  /* A functional op returns a new storage the caller releases. */
+  args[1].tag = RTPU_ARG_TENSOR;
+  args[1].tensor = whole;
+  args[0].tensor = whole;
+  CHECK_OK(rtpu_op_call(rt, find_op("aten::mul.Tensor"), args, 2, &result));
+  CHECK_OK(rtpu_op_result_get(result, 0, &out));
+  CHECK(out.alias_of == -1 && out.storage != NULL && out.ndim == 2 && out.dtype == RTPU_DTYPE_FLOAT32);
+  rtpu_tensor_ref squared = view_of(out.storage, out.storage_offset, out.sizes, out.strides, out.ndim);
+  CHECK_OK(rtpu_tensor_copy_to_host(&squared, back, sizeof back));
+  for (int i = 0; i < 6; i++) CHECK(back[i] == want[i] * want[i]);
+  rtpu_op_result_destroy(result);
+  rtpu_storage_release(out.storage);
+
+  rtpu_metrics metrics;
+  memset(&metrics, 0, sizeof metrics);
+  metrics.struct_size = RTPU_METRICS_STRUCT_SIZE;
+  CHECK_OK(rtpu_metrics_get(&metrics));
+  CHECK(metrics.ops_run >= 2 && metrics.executables_compiled >= 1);
+
+  /* Bad input: every call fails cleanly and the storage keeps its bytes. */
+  rtpu_storage *none = NULL;
+  CHECK_ERROR(rtpu_storage_new(NULL, 0, 4, &none), INVALID, "runtime");
+  CHECK_ERROR(rtpu_storage_new(rt, 0, 4, NULL), INVALID, "storage_out");
+  CHECK_ERROR(rtpu_storage_new(rt, 99, 4, &none), INVALID, "device index");
+  CHECK(none == NULL);
+  CHECK_ERROR(rtpu_storage_resize(NULL, 4), INVALID, "storage");
+  rtpu_storage_retain(NULL);
+  rtpu_storage_release(NULL);
+  CHECK(rtpu_storage_nbytes(NULL) == 0);
+  const int64_t big_sizes[2] = {3, 3};
+  rtpu_tensor_ref too_big = view_of(s, 0, big_sizes, strides, 2);
+  CHECK_ERROR(rtpu_tensor_copy_to_host(&too_big, back, 9 * sizeof(float)), INVALID, "storage");
+  CHECK_ERROR(rtpu_tensor_copy_to_host(NULL, back, sizeof back), INVALID, "src");
+  CHECK_ERROR(rtpu_tensor_copy_to_host(&whole, back, 3), INVALID, "nbytes");
+  CHECK_ERROR(rtpu_tensor_copy_to_host(&whole, NULL, sizeof back), INVALID, "data");
+  CHECK_ERROR(rtpu_tensor_copy_from_host(&whole, data, 5), INVALID, "bytes");
+  CHECK_ERROR(rtpu_tensor_copy_from_host(NULL, data, sizeof data), INVALID, "dst");
+  rtpu_tensor_ref no_storage = view_of(NULL, 0, sizes, strides, 2);
+  CHECK_ERROR(rtpu_tensor_copy_from_host(&no_storage, data, sizeof data), INVALID, "storage");
+  rtpu_tensor_ref bad_dtype = whole;
+  bad_dtype.dtype = 77;
+  CHECK_ERROR(rtpu_tensor_copy_from_host(&bad_dtype, data, sizeof data), INVALID, "dtype");
+
+  CHECK_ERROR(rtpu_op_call(rt, rtpu_op_count(), args, 2, &result), INVALID, "rtpu_op_count");
+  CHECK_ERROR(rtpu_op_call(NULL, 0, args, 2, &result), INVALID, "runtime");
+  CHECK_ERROR(rtpu_op_call(rt, 0, args, 2, NULL), INVALID, "result_out");
+  CHECK_ERROR(rtpu_op_call(rt, 0, NULL, 2, &result), INVALID, "args");
+  args[1].tag = 99;
+  CHECK_ERROR(rtpu_op_call(rt, find_op("aten::mul.Tensor"), args, 2, &result), INVALID, "tag");
+  args[1].tag = RTPU_ARG_TENSOR;
+  args[1].tensor = too_big;
+  CHECK_ERROR(rtpu_op_call(rt, find_op("aten::mul.Tensor"), args, 2, &result), INVALID, NULL);
+  args[1].tag = RTPU_ARG_STRING;
+  args[1].string_value = "not a tensor";
+  CHECK_ERROR(rtpu_op_call(rt, find_op("aten::mul.Tensor"), args, 2, &result), INVALID, "Tensor");
+  CHECK(rtpu_op_result_count(NULL) == 0);
+  rtpu_op_result_destroy(NULL);
+  CHECK_ERROR(rtpu_op_result_get(NULL, 0, &out), INVALID, "result");
+  CHECK_ERROR(rtpu_metrics_get(NULL), INVALID, "metrics_out");
+  metrics.struct_size = 8;
+  CHECK_ERROR(rtpu_metrics_get(&metrics), INVALID, "struct_size");
+
+  CHECK_OK(rtpu_tensor_copy_to_host(&whole, back, sizeof back));
+  CHECK(memcmp(back, want, sizeof want) == 0);
+
+  rtpu_storage_release(s);
+  rtpu_runtime_release(rt);
+  printf("ops: ok\n");
+  return 0;
+}
