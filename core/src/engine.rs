@@ -923,8 +923,14 @@ impl<'a> Builder<'a> {
         let mut uploaded = Vec::new();
         for source in &self.sources {
             if let ParamSource::Host { bytes, dtype, dims } = source {
-                H2D_BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                uploaded.push(self.client.buffer_from_host(bytes, *dtype, dims, &device)?);
+                uploaded.push(host_input(
+                    self.client,
+                    device_index,
+                    &device,
+                    bytes,
+                    *dtype,
+                    dims,
+                )?);
             }
         }
         let mut host = uploaded.iter();
@@ -933,7 +939,9 @@ impl<'a> Builder<'a> {
             .iter()
             .map(|s| match s {
                 ParamSource::Storage(buffer) => buffer.as_ref(),
-                ParamSource::Host { .. } => host.next().expect("one upload per host source"),
+                ParamSource::Host { .. } => {
+                    host.next().expect("one upload per host source").as_ref()
+                }
             })
             .collect();
         let mut results = exe
@@ -969,6 +977,44 @@ impl<'a> Builder<'a> {
         }
         Ok(outputs)
     }
+}
+
+type HostInputKey = (usize, usize, DType, Vec<i64>, Vec<u8>);
+
+/// A device buffer holding small host input `bytes`. Scalars repeat (a fixed
+/// learning rate, alpha = -1, eps), so buffers are cached by value: an
+/// upload costs more than the op itself on small tensors. Buffers passed as
+/// inputs are never donated, so sharing them is safe.
+fn host_input(
+    client: &Client,
+    device_index: usize,
+    device: &crate::runtime::Device,
+    bytes: &[u8],
+    dtype: DType,
+    dims: &[i64],
+) -> Result<Arc<Buffer>> {
+    const MAX_ENTRIES: usize = 4096;
+    static CACHE: OnceLock<Mutex<HashMap<HostInputKey, Arc<Buffer>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (
+        client.id(),
+        device_index,
+        dtype,
+        dims.to_vec(),
+        bytes.to_vec(),
+    );
+    if let Some(buffer) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(buffer.clone());
+    }
+    H2D_BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    let buffer = Arc::new(client.buffer_from_host(bytes, dtype, dims, device)?);
+    let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if cache.len() >= MAX_ENTRIES {
+        // Values that change every step would grow the cache without bound.
+        cache.clear();
+    }
+    cache.insert(key, buffer.clone());
+    Ok(buffer)
 }
 
 /// Host bytes of a scalar converted to `dtype` (PyTorch's scalar casts).

@@ -351,6 +351,8 @@ pub(super) fn ops() -> Vec<OpDef> {
         op("aten::nll_loss_forward", nll_loss_forward),
         op("aten::nll_loss_backward", nll_loss_backward),
         op("aten::mse_loss", mse_loss),
+        op("aten::mse_loss.out", mse_loss),
         op("aten::mse_loss_backward", mse_loss_backward),
+        op("aten::mse_loss_backward.grad_input", mse_loss_backward),
     ]
 }
