@@ -54,6 +54,11 @@ fn matmul_tanh(client: &Client) {
     assert_eq!(out[0][0].dims().unwrap(), vec![2, 2]);
     assert_eq!(out[0][0].dtype().unwrap(), DType::F32);
     assert_close(&download(&out[0][0]), &want, F32_RTOL, F32_ATOL);
+
+    // Enqueued without waiting: reading the output waits for the data.
+    let options = ExecuteOptions { asynchronous: true, ..Default::default() };
+    let out = exe.execute(&[&[&da, &db]], &options).unwrap();
+    assert_close(&download(&out[0][0]), &want, F32_RTOL, F32_ATOL);
 }
 
 fn multi_output(client: &Client) {
@@ -364,7 +369,13 @@ module @add_one {
 
     let donated = upload(client, &[1.0, 2.0, 3.0, 4.0], &[4], &device);
     let out = exe
-        .execute(&[&[&donated]], &ExecuteOptions { donate: vec![0] })
+        .execute(
+            &[&[&donated]],
+            &ExecuteOptions {
+                donate: vec![0],
+                ..Default::default()
+            },
+        )
         .unwrap();
     assert!(donated.is_deleted().unwrap());
     assert_eq!(download(&out[0][0]), vec![2.0, 3.0, 4.0, 5.0]);
@@ -372,7 +383,13 @@ module @add_one {
     assert!(donated.to_host().is_err());
 
     let err = exe
-        .execute(&[&[&kept]], &ExecuteOptions { donate: vec![1] })
+        .execute(
+            &[&[&kept]],
+            &ExecuteOptions {
+                donate: vec![1],
+                ..Default::default()
+            },
+        )
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
 }

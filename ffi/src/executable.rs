@@ -186,7 +186,13 @@ pub extern "C" fn rtpu_executable_execute(
         };
         // SAFETY: documented as `num_donated` indices.
         let donate = unsafe { slice(args.donated, args.num_donated, "args->donated") }?.to_vec();
-        let outputs = exe.execute(&rows, &ExecuteOptions { donate })?;
+        let outputs = exe.execute(
+            &rows,
+            &ExecuteOptions {
+                donate,
+                ..Default::default()
+            },
+        )?;
         for (i, buffer) in outputs
             .into_iter()
             .flatten()

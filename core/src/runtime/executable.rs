@@ -60,6 +60,10 @@ pub struct ExecuteOptions {
     /// (where the program declares an alias). All other arguments are kept.
     /// A donated buffer is deleted by the execution.
     pub donate: Vec<usize>,
+    /// Return once the execution is enqueued instead of when it finishes.
+    /// Outputs are usable at once (PJRT orders later work after it); an
+    /// execution error then surfaces when an output is read.
+    pub asynchronous: bool,
 }
 
 /// The non-owning `PJRT_Executable` view of a loaded executable, destroyed on drop.
@@ -386,7 +390,11 @@ impl LoadedExecutable {
         exec_args.num_devices = num_devices;
         exec_args.num_args = num_args;
         exec_args.output_lists = out_ptrs.as_ptr();
-        exec_args.device_complete_events = events.as_mut_ptr();
+        exec_args.device_complete_events = if options.asynchronous {
+            std::ptr::null_mut()
+        } else {
+            events.as_mut_ptr()
+        };
         // SAFETY: every array has the lengths given in the args and outlives
         // the call; PJRT fills `out_rows` and `events`.
         unsafe {
