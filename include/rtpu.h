@@ -435,11 +435,14 @@ typedef struct rtpu_op_output {
   size_t struct_size;
   /**
    * A new storage (one reference, which the caller must release), or NULL
-   * when the output is argument `alias_of` itself (in-place and out= ops).
+   * when the output is argument `alias_of` itself (in-place and out= ops)
+   * or absent.
    */
   struct rtpu_storage *storage;
   /**
    * The index of the argument this output is, or -1 for a new tensor.
+   * `storage` NULL with `alias_of` -1 means no tensor (ATen's undefined
+   * tensor, e.g. a gradient `output_mask` did not ask for).
    */
   int64_t alias_of;
   /**

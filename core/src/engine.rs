@@ -74,6 +74,9 @@ pub enum Output {
     Alias(usize),
     /// A new tensor.
     New { storage: Arc<Storage>, view: View },
+    /// No tensor (an undefined tensor in ATen), e.g. a gradient that
+    /// `output_mask` did not ask for.
+    None,
 }
 
 /// Counters of the engine since process start.
@@ -145,6 +148,7 @@ struct StorageSlot {
 enum PendingOutput {
     Alias(usize),
     New { value: ValueId, sizes: Vec<i64> },
+    None,
 }
 
 /// Builds one op's graph. Ops use its typed helpers; every helper checks
@@ -680,6 +684,26 @@ impl<'a> Builder<'a> {
         self.push(Node::RngBits { key }, TensorType::new(dtype, dims))
     }
 
+    /// `flat` (1-D) with `updates` added at `indices` (an s64 tensor of the
+    /// updates' shape); duplicate indices accumulate.
+    pub fn flat_scatter_add(
+        &mut self,
+        flat: ValueId,
+        indices: ValueId,
+        updates: ValueId,
+    ) -> ValueId {
+        let ty = self.ty(flat).clone();
+        self.push(
+            Node::FlatScatter {
+                add: true,
+                operand: flat,
+                indices,
+                updates,
+            },
+            ty,
+        )
+    }
+
     pub fn flat_gather(&mut self, flat: ValueId, indices: ValueId) -> ValueId {
         let dims = self.dims(indices);
         let dtype = self.dtype(flat);
@@ -856,6 +880,7 @@ impl<'a> Builder<'a> {
                 let ty = self.ty(flat).clone();
                 self.push(
                     Node::FlatScatter {
+                        add: false,
                         operand: flat,
                         indices,
                         updates: value,
@@ -880,6 +905,11 @@ impl<'a> Builder<'a> {
     /// Returns argument `index` as an output without writing it.
     pub fn alias_output(&mut self, index: usize) {
         self.outputs.push(PendingOutput::Alias(index));
+    }
+
+    /// Returns no tensor in this output position.
+    pub fn none_output(&mut self) {
+        self.outputs.push(PendingOutput::None);
     }
 
     /// Returns `value` as a new contiguous tensor.
@@ -912,7 +942,8 @@ impl<'a> Builder<'a> {
                 .iter()
                 .map(|o| match o {
                     PendingOutput::Alias(i) => Output::Alias(*i),
-                    PendingOutput::New { .. } => unreachable!("new outputs are graph outputs"),
+                    PendingOutput::None => Output::None,
+                    PendingOutput::New { .. } => unreachable!("a new output is a graph output"),
                 })
                 .collect());
         }
@@ -955,6 +986,7 @@ impl<'a> Builder<'a> {
         for out in &self.outputs {
             outputs.push(match out {
                 PendingOutput::Alias(i) => Output::Alias(*i),
+                PendingOutput::None => Output::None,
                 PendingOutput::New { value, sizes } => {
                     let buffer = results.next().ok_or_else(|| {
                         Error::invalid("program outputs", "one per result", "fewer")

@@ -62,6 +62,10 @@ pub enum UnaryOp {
     Expm1,
     Sin,
     Cos,
+    Erf,
+    ErfInv,
+    Lgamma,
+    Digamma,
 }
 
 impl UnaryOp {
@@ -84,6 +88,11 @@ impl UnaryOp {
             UnaryOp::Expm1 => "stablehlo.exponential_minus_one",
             UnaryOp::Sin => "stablehlo.sine",
             UnaryOp::Cos => "stablehlo.cosine",
+            // CHLO ops: XLA legalises them to StableHLO when compiling.
+            UnaryOp::Erf => "chlo.erf",
+            UnaryOp::ErfInv => "chlo.erf_inv",
+            UnaryOp::Lgamma => "chlo.lgamma",
+            UnaryOp::Digamma => "chlo.digamma",
         }
     }
 }
@@ -215,8 +224,10 @@ pub enum Node {
         operand: ValueId,
         indices: ValueId,
     },
-    /// `operand` (1-D) with `operand[indices[i...]] = updates[i...]`.
+    /// `operand` (1-D) with `operand[indices[i...]] = updates[i...]`, or
+    /// `+= updates[i...]` (duplicates accumulate) when `add`.
     FlatScatter {
+        add: bool,
         operand: ValueId,
         indices: ValueId,
         updates: ValueId,

@@ -288,14 +288,19 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
                 ty,
             )
         }
-        Node::FlatScatter { operand, indices, updates } => {
+        Node::FlatScatter { add, operand, indices, updates } => {
             let rank = graph.ty(*indices).rank();
             let scalar = TensorType::new(ty.dtype, &[]);
+            let combine = if *add {
+                format!("%sum = \"stablehlo.add\"(%old, %new) : ({scalar}, {scalar}) -> {scalar}\n      \"stablehlo.return\"(%sum)")
+            } else {
+                "\"stablehlo.return\"(%new)".to_string()
+            };
             let _ = writeln!(
                 out,
                 "    %v{id} = \"stablehlo.scatter\"(%v{operand}, %v{indices}, %v{updates}) ({{\n    \
                  ^bb0(%old: {scalar}, %new: {scalar}):\n      \
-                 \"stablehlo.return\"(%new) : ({scalar}) -> ()\n    \
+                 {combine} : ({scalar}) -> ()\n    \
                  }}) {{scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], \
                  scatter_dims_to_operand_dims = [0], index_vector_dim = {rank}>, indices_are_sorted = false, \
                  unique_indices = false}} : ({}, {}, {}) -> {ty}",

@@ -52,6 +52,7 @@ fn call(name: &str, args: &[Arg]) -> Vec<TensorArg> {
                 Arg::Tensor(t) => t.clone(),
                 _ => panic!("alias of a non-tensor"),
             },
+            Output::None => panic!("{name} returned no tensor"),
         })
         .collect()
 }
@@ -445,4 +446,119 @@ fn bad_input_is_an_error_and_leaves_storage_intact() {
     .err()
     .unwrap();
     assert!(err.to_string().contains("castable"), "{err}");
+}
+
+#[test]
+fn layer_norm_normalises_rows_and_returns_statistics() {
+    let mut rng = Rng::fresh("layer_norm");
+    let a = rng.f32s(3 * 8);
+    let x = f32_tensor(&a, &[3, 8]);
+    let out = call(
+        "aten::native_layer_norm",
+        &[
+            t(&x),
+            Arg::IntList(vec![8]),
+            Arg::None,
+            Arg::None,
+            Arg::Float(1e-5),
+        ],
+    );
+    assert_eq!(out[1].view.sizes, vec![3, 1]);
+    let y = read(&out[0]);
+    for r in 0..3 {
+        let row = &a[r * 8..(r + 1) * 8];
+        let mean = row.iter().sum::<f32>() / 8.0;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / 8.0;
+        let want: Vec<f32> = row
+            .iter()
+            .map(|v| (v - mean) / (var + 1e-5).sqrt())
+            .collect();
+        assert_close(&y[r * 8..(r + 1) * 8], &want, 1e-4, 1e-5);
+        assert_close(&read(&out[1])[r..r + 1], &[mean], 1e-5, 1e-6);
+    }
+}
+
+#[test]
+fn gelu_tanh_matches_its_formula() {
+    let mut rng = Rng::fresh("gelu");
+    let a = rng.f32s(16);
+    let out = call(
+        "aten::gelu",
+        &[t(&f32_tensor(&a, &[16])), Arg::Str("tanh".into())],
+    );
+    let want: Vec<f32> = a
+        .iter()
+        .map(|&x| 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044715 * x * x * x)).tanh()))
+        .collect();
+    assert_close(&read(&out[0]), &want, 1e-5, 1e-6);
+}
+
+#[test]
+fn batch_norm_training_updates_running_statistics() {
+    let mut rng = Rng::fresh("batch_norm");
+    let a = rng.f32s(4 * 2 * 3);
+    let x = f32_tensor(&a, &[4, 2, 3]);
+    let (rm, rv) = (f32_tensor(&[0.0, 0.0], &[2]), f32_tensor(&[1.0, 1.0], &[2]));
+    let out = call(
+        "aten::native_batch_norm",
+        &[
+            t(&x),
+            Arg::None,
+            Arg::None,
+            t(&rm),
+            t(&rv),
+            Arg::Bool(true),
+            Arg::Float(0.1),
+            Arg::Float(1e-5),
+        ],
+    );
+    for c in 0..2 {
+        let vals: Vec<f32> = (0..4)
+            .flat_map(|n| (0..3).map(move |s| (n, s)))
+            .map(|(n, s)| a[n * 6 + c * 3 + s])
+            .collect();
+        let mean = vals.iter().sum::<f32>() / 12.0;
+        let var_unbiased = vals.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / 11.0;
+        assert_close(&read(&rm)[c..c + 1], &[0.1 * mean], 1e-4, 1e-6);
+        assert_close(
+            &read(&rv)[c..c + 1],
+            &[0.9 + 0.1 * var_unbiased],
+            1e-4,
+            1e-6,
+        );
+        assert_close(&read(&out[1])[c..c + 1], &[mean], 1e-4, 1e-6);
+    }
+}
+
+#[test]
+fn embedding_backward_accumulates_repeated_indices() {
+    let grad = f32_tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2]);
+    let idx = i64_tensor(&[2, 0, 2], &[3]);
+    let out = call(
+        "aten::embedding_dense_backward",
+        &[
+            t(&grad),
+            t(&idx),
+            Arg::Int(4),
+            Arg::Int(-1),
+            Arg::Bool(false),
+        ],
+    );
+    assert_eq!(out[0].view.sizes, vec![4, 2]);
+    assert_close(
+        &read(&out[0]),
+        &[3.0, 4.0, 0.0, 0.0, 6.0, 8.0, 0.0, 0.0],
+        0.0,
+        0.0,
+    );
+    let out = call(
+        "aten::embedding_dense_backward",
+        &[t(&grad), t(&idx), Arg::Int(4), Arg::Int(0), Arg::Bool(true)],
+    );
+    assert_close(
+        &read(&out[0]),
+        &[0.0, 0.0, 0.0, 0.0, 3.0, 4.0, 0.0, 0.0],
+        0.0,
+        0.0,
+    );
 }

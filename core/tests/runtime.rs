@@ -56,7 +56,10 @@ fn matmul_tanh(client: &Client) {
     assert_close(&download(&out[0][0]), &want, F32_RTOL, F32_ATOL);
 
     // Enqueued without waiting: reading the output waits for the data.
-    let options = ExecuteOptions { asynchronous: true, ..Default::default() };
+    let options = ExecuteOptions {
+        asynchronous: true,
+        ..Default::default()
+    };
     let out = exe.execute(&[&[&da, &db]], &options).unwrap();
     assert_close(&download(&out[0][0]), &want, F32_RTOL, F32_ATOL);
 }

@@ -68,9 +68,12 @@ pub struct rtpu_op_output {
     /// In: set to `RTPU_OP_OUTPUT_STRUCT_SIZE` by the caller.
     pub struct_size: usize,
     /// A new storage (one reference, which the caller must release), or NULL
-    /// when the output is argument `alias_of` itself (in-place and out= ops).
+    /// when the output is argument `alias_of` itself (in-place and out= ops)
+    /// or absent.
     pub storage: *mut rtpu_storage,
     /// The index of the argument this output is, or -1 for a new tensor.
+    /// `storage` NULL with `alias_of` -1 means no tensor (ATen's undefined
+    /// tensor, e.g. a gradient `output_mask` did not ask for).
     pub alias_of: i64,
     /// The new tensor's view (unset for aliases); `sizes` and `strides` are
     /// owned by the result and live until `rtpu_op_result_destroy`.
@@ -226,7 +229,7 @@ pub extern "C" fn rtpu_op_call(
             .map(|output| {
                 let (sizes, strides) = match &output {
                     Output::New { view, .. } => (view.sizes.clone(), view.strides.clone()),
-                    Output::Alias(_) => (Vec::new(), Vec::new()),
+                    Output::Alias(_) | Output::None => (Vec::new(), Vec::new()),
                 };
                 ResultOutput {
                     output,
@@ -283,6 +286,16 @@ pub extern "C" fn rtpu_op_result_get(
                 struct_size: given,
                 storage: std::ptr::null_mut(),
                 alias_of: *arg as i64,
+                storage_offset: 0,
+                sizes: std::ptr::null(),
+                strides: std::ptr::null(),
+                ndim: 0,
+                dtype: 0,
+            },
+            Output::None => rtpu_op_output {
+                struct_size: given,
+                storage: std::ptr::null_mut(),
+                alias_of: -1,
                 storage_offset: 0,
                 sizes: std::ptr::null(),
                 strides: std::ptr::null(),

@@ -5,10 +5,12 @@
 //! tensor; the PyTorch shim resizes and fills the `out=` tensor from it, so
 //! out semantics live in one place.
 
+mod activation;
 mod foreach;
 mod linalg;
 mod misc;
 mod nn;
+mod norm;
 mod pointwise;
 mod reduce;
 
@@ -36,6 +38,8 @@ pub fn table() -> &'static [OpDef] {
         all.extend(nn::ops());
         all.extend(misc::ops());
         all.extend(foreach::ops());
+        all.extend(activation::ops());
+        all.extend(norm::ops());
         all
     })
 }

@@ -1,0 +1,412 @@
+//! Normalisation (layer, batch, group norm, with backwards) and the
+//! embedding backward.
+
+use super::{is_float, op, OpDef};
+use crate::dtype::DType;
+use crate::engine::{Arg, Builder};
+use crate::error::{Error, Result};
+use crate::ir::{BinaryOp, Literal, ReduceOp, UnaryOp, ValueId};
+
+/// Statistics are computed in float32 for 16-bit inputs, as ATen does.
+fn compute_dtype(dtype: DType) -> DType {
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        DType::F32
+    } else {
+        dtype
+    }
+}
+
+fn float_arg(b: &mut Builder, index: usize) -> Result<(ValueId, DType, Vec<i64>)> {
+    let view = b.tensor_arg(index)?.view.clone();
+    if !is_float(view.dtype) {
+        return Err(Error::invalid(
+            format!("{}: input", b.op_name()),
+            "a floating point tensor",
+            view.dtype,
+        ));
+    }
+    let x = b.tensor(index)?;
+    Ok((x, view.dtype, view.sizes))
+}
+
+/// Optional tensor argument `index` as a value of `dtype`, reshaped to `dims`.
+fn optional(b: &mut Builder, index: usize, dtype: DType, dims: &[i64]) -> Result<Option<ValueId>> {
+    if b.opt_tensor_arg(index)?.is_none() {
+        return Ok(None);
+    }
+    let v = b.tensor(index)?;
+    let v = b.convert(v, dtype);
+    Ok(Some(b.reshape(v, dims)?))
+}
+
+/// `output_mask` (bool[3]) at `index`; absent means all.
+fn output_mask(b: &Builder, index: usize) -> Result<[bool; 3]> {
+    match b.arg(index) {
+        Ok(Arg::IntList(v)) if v.len() == 3 => Ok([v[0] != 0, v[1] != 0, v[2] != 0]),
+        Ok(Arg::None) | Err(_) => Ok([true; 3]),
+        Ok(other) => Err(b.arg_error(index, "output_mask of 3 bools", other.kind())),
+    }
+}
+
+fn mul(b: &mut Builder, x: ValueId, y: ValueId) -> Result<ValueId> {
+    b.binary(BinaryOp::Mul, x, y)
+}
+fn sub(b: &mut Builder, x: ValueId, y: ValueId) -> Result<ValueId> {
+    b.binary(BinaryOp::Sub, x, y)
+}
+fn add(b: &mut Builder, x: ValueId, y: ValueId) -> Result<ValueId> {
+    b.binary(BinaryOp::Add, x, y)
+}
+
+/// Mean over `dims` of `x`, kept broadcastable to x's shape.
+fn mean_keep(b: &mut Builder, x: ValueId, dims: &[i64]) -> Result<ValueId> {
+    let shape = b.dims(x);
+    let count: i64 = dims.iter().map(|&d| shape[d as usize]).product();
+    let s = b.reduce(x, ReduceOp::Sum, dims);
+    let n = b.constant(Literal::Int(count), b.dtype(s), &b.dims(s));
+    let m = b.binary(BinaryOp::Div, s, n)?;
+    let keep: Vec<i64> = (0..shape.len() as i64)
+        .filter(|d| !dims.contains(d))
+        .collect();
+    Ok(b.broadcast_in_dim(m, &shape, &keep))
+}
+
+/// 1 / sqrt(var + eps), with eps a device input.
+fn inv_std(b: &mut Builder, var: ValueId, eps_index: usize) -> Result<ValueId> {
+    let eps = b.scalar_arg(eps_index, b.dtype(var))?;
+    let eps = b.broadcast_to(eps, &b.dims(var))?;
+    let v = add(b, var, eps)?;
+    Ok(b.unary(UnaryOp::Rsqrt, v))
+}
+
+/// native_layer_norm(input, normalized_shape, weight?, bias?, eps).
+fn layer_norm(b: &mut Builder) -> Result<()> {
+    let (x, dtype, dims) = float_arg(b, 0)?;
+    let normalized = b.int_list_arg(1)?;
+    let axis = dims
+        .len()
+        .checked_sub(normalized.len())
+        .filter(|&a| dims[a..] == normalized[..])
+        .ok_or_else(|| {
+            Error::invalid(
+                "aten::native_layer_norm: normalized_shape",
+                format!("a suffix of the input's sizes {dims:?}"),
+                format!("{normalized:?}"),
+            )
+        })?;
+    let cd = compute_dtype(dtype);
+    let m: i64 = dims[..axis].iter().product();
+    let n: i64 = normalized.iter().product();
+    let x = b.convert(x, cd);
+    let x = b.reshape(x, &[m, n])?;
+    let mean = mean_keep(b, x, &[1])?;
+    let centered = sub(b, x, mean)?;
+    let sq = mul(b, centered, centered)?;
+    let var = mean_keep(b, sq, &[1])?;
+    let rstd = inv_std(b, var, 4)?;
+    let mut y = mul(b, centered, rstd)?;
+    if let Some(w) = optional(b, 2, cd, &[n])? {
+        let w = b.broadcast_in_dim(w, &[m, n], &[1]);
+        y = mul(b, y, w)?;
+    }
+    if let Some(bias) = optional(b, 3, cd, &[n])? {
+        let bias = b.broadcast_in_dim(bias, &[m, n], &[1]);
+        y = add(b, y, bias)?;
+    }
+    let y = b.reshape(y, &dims)?;
+    let y = b.convert(y, dtype);
+    b.output(y)?;
+    let stat_dims: Vec<i64> = dims[..axis]
+        .iter()
+        .copied()
+        .chain(std::iter::repeat(1).take(normalized.len()))
+        .collect();
+    for stat in [mean, rstd] {
+        let s = b.slice(stat, &[0, 0], &[m, 1], &[1, 1]);
+        let s = b.reshape(s, &stat_dims)?;
+        let s = b.convert(s, dtype);
+        b.output(s)?;
+    }
+    Ok(())
+}
+
+/// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
+/// weight?, bias?, output_mask).
+fn layer_norm_backward(b: &mut Builder) -> Result<()> {
+    let (x, dtype, dims) = float_arg(b, 1)?;
+    let normalized = b.int_list_arg(2)?;
+    let axis = dims.len().saturating_sub(normalized.len());
+    let mask = output_mask(b, 7)?;
+    let cd = compute_dtype(dtype);
+    let (m, n) = (
+        dims[..axis].iter().product::<i64>(),
+        normalized.iter().product::<i64>(),
+    );
+    let g = b.tensor(0)?;
+    let g = b.convert(g, cd);
+    let g = b.reshape(g, &[m, n])?;
+    let x = b.convert(x, cd);
+    let x = b.reshape(x, &[m, n])?;
+    let mean =
+        optional(b, 3, cd, &[m])?.ok_or_else(|| b.arg_error(3, "the forward's mean", "None"))?;
+    let rstd =
+        optional(b, 4, cd, &[m])?.ok_or_else(|| b.arg_error(4, "the forward's rstd", "None"))?;
+    let mean = b.broadcast_in_dim(mean, &[m, n], &[0]);
+    let rstd = b.broadcast_in_dim(rstd, &[m, n], &[0]);
+    let centered = sub(b, x, mean)?;
+    let xhat = mul(b, centered, rstd)?;
+    let weight = optional(b, 5, cd, &[n])?;
+    if mask[0] {
+        let gw = match weight {
+            Some(w) => {
+                let w = b.broadcast_in_dim(w, &[m, n], &[1]);
+                mul(b, g, w)?
+            }
+            None => g,
+        };
+        let a = mean_keep(b, gw, &[1])?;
+        let gx = mul(b, gw, xhat)?;
+        let c = mean_keep(b, gx, &[1])?;
+        let xc = mul(b, xhat, c)?;
+        let d = sub(b, gw, a)?;
+        let d = sub(b, d, xc)?;
+        let gi = mul(b, rstd, d)?;
+        let gi = b.reshape(gi, &dims)?;
+        let gi = b.convert(gi, dtype);
+        b.output(gi)?;
+    } else {
+        b.none_output();
+    }
+    for (k, param) in [(1usize, 5usize), (2, 6)] {
+        let present = b.opt_tensor_arg(param)?.map(|t| t.view.clone());
+        match present {
+            Some(view) if mask[k] => {
+                let term = if k == 1 { mul(b, g, xhat)? } else { g };
+                let s = b.reduce(term, ReduceOp::Sum, &[0]);
+                let s = b.reshape(s, &view.sizes)?;
+                let s = b.convert(s, view.dtype);
+                b.output(s)?;
+            }
+            _ => b.none_output(),
+        }
+    }
+    Ok(())
+}
+
+/// Dims reduced by batch norm: all but the channel dim 1.
+fn batch_dims(rank: usize) -> Vec<i64> {
+    (0..rank as i64).filter(|&d| d != 1).collect()
+}
+
+/// A per-channel value of [C] broadcast to the input's shape.
+fn per_channel(b: &mut Builder, v: ValueId, dims: &[i64]) -> ValueId {
+    b.broadcast_in_dim(v, dims, &[1])
+}
+
+/// native_batch_norm(input, weight?, bias?, running_mean?, running_var?,
+/// training, momentum, eps) -> (out, save_mean, save_invstd); training
+/// updates the running statistics in place.
+fn batch_norm(b: &mut Builder) -> Result<()> {
+    let (x, dtype, dims) = float_arg(b, 0)?;
+    if dims.len() < 2 {
+        return Err(Error::invalid(
+            format!("{}: input", b.op_name()),
+            "at least 2 dimensions (N, C, ...)",
+            format!("{dims:?}"),
+        ));
+    }
+    let c = dims[1];
+    let cd = compute_dtype(dtype);
+    let training = b.bool_arg(5)?;
+    let xc = b.convert(x, cd);
+    let reduce = batch_dims(dims.len());
+    let count: i64 = reduce.iter().map(|&d| dims[d as usize]).product();
+    let (mean_c, invstd_c) = if training {
+        let s = b.reduce(xc, ReduceOp::Sum, &reduce);
+        let n = b.constant(Literal::Int(count), cd, &[c]);
+        let mean = b.binary(BinaryOp::Div, s, n)?;
+        let mb = per_channel(b, mean, &dims);
+        let centered = sub(b, xc, mb)?;
+        let sq = mul(b, centered, centered)?;
+        let ss = b.reduce(sq, ReduceOp::Sum, &reduce);
+        let var = b.binary(BinaryOp::Div, ss, n)?;
+        let invstd = inv_std(b, var, 7)?;
+        // Running statistics: (1 - momentum) * old + momentum * new, with the
+        // unbiased variance.
+        let unbiased_n = b.constant(Literal::Int((count - 1).max(1)), cd, &[c]);
+        let var_unbiased = b.binary(BinaryOp::Div, ss, unbiased_n)?;
+        for (index, stat) in [(3usize, mean), (4, var_unbiased)] {
+            if let Some(t) = b.opt_tensor_arg(index)? {
+                let t = t.clone();
+                let old = b.read(&t)?;
+                let old = b.convert(old, cd);
+                let momentum = b.scalar_arg(6, cd)?;
+                let momentum = b.broadcast_to(momentum, &[c])?;
+                let one = b.constant(Literal::Int(1), cd, &[c]);
+                let keep = sub(b, one, momentum)?;
+                let kept = mul(b, keep, old)?;
+                let fresh = mul(b, momentum, stat)?;
+                let updated = add(b, kept, fresh)?;
+                b.write(&t, updated)?;
+            }
+        }
+        (mean, invstd)
+    } else {
+        let rm = optional(b, 3, cd, &[c])?
+            .ok_or_else(|| b.arg_error(3, "running_mean in eval mode", "None"))?;
+        let rv = optional(b, 4, cd, &[c])?
+            .ok_or_else(|| b.arg_error(4, "running_var in eval mode", "None"))?;
+        let invstd = inv_std(b, rv, 7)?;
+        (rm, invstd)
+    };
+    let mb = per_channel(b, mean_c, &dims);
+    let ib = per_channel(b, invstd_c, &dims);
+    let centered = sub(b, xc, mb)?;
+    let mut y = mul(b, centered, ib)?;
+    if let Some(w) = optional(b, 1, cd, &[c])? {
+        let w = per_channel(b, w, &dims);
+        y = mul(b, y, w)?;
+    }
+    if let Some(bias) = optional(b, 2, cd, &[c])? {
+        let bias = per_channel(b, bias, &dims);
+        y = add(b, y, bias)?;
+    }
+    let y = b.convert(y, dtype);
+    b.output(y)?;
+    if training {
+        b.output(mean_c)?;
+        b.output(invstd_c)
+    } else {
+        // ATen returns empty statistics in eval mode.
+        let empty = b.constant(Literal::Int(0), cd, &[0]);
+        b.output(empty)?;
+        let empty = b.constant(Literal::Int(0), cd, &[0]);
+        b.output(empty)
+    }
+}
+
+/// native_batch_norm_backward(grad_out, input, weight?, running_mean?,
+/// running_var?, save_mean?, save_invstd?, train, eps, output_mask).
+fn batch_norm_backward(b: &mut Builder) -> Result<()> {
+    let (x, dtype, dims) = float_arg(b, 1)?;
+    let c = dims[1];
+    let cd = compute_dtype(dtype);
+    let train = b.bool_arg(7)?;
+    let mask = output_mask(b, 9)?;
+    let reduce = batch_dims(dims.len());
+    let count: i64 = reduce.iter().map(|&d| dims[d as usize]).product();
+    let g = b.tensor(0)?;
+    let g = b.convert(g, cd);
+    let xc = b.convert(x, cd);
+    let (mean, invstd) = if train {
+        let m = optional(b, 5, cd, &[c])?
+            .ok_or_else(|| b.arg_error(5, "save_mean in training", "None"))?;
+        let i = optional(b, 6, cd, &[c])?
+            .ok_or_else(|| b.arg_error(6, "save_invstd in training", "None"))?;
+        (m, i)
+    } else {
+        let m = optional(b, 3, cd, &[c])?
+            .ok_or_else(|| b.arg_error(3, "running_mean in eval", "None"))?;
+        let v = optional(b, 4, cd, &[c])?
+            .ok_or_else(|| b.arg_error(4, "running_var in eval", "None"))?;
+        (m, inv_std(b, v, 8)?)
+    };
+    let mb = per_channel(b, mean, &dims);
+    let ib = per_channel(b, invstd, &dims);
+    let centered = sub(b, xc, mb)?;
+    let xhat = mul(b, centered, ib)?;
+    let weight = optional(b, 2, cd, &[c])?;
+    let sum_g = b.reduce(g, ReduceOp::Sum, &reduce);
+    let gx = mul(b, g, xhat)?;
+    let sum_gx = b.reduce(gx, ReduceOp::Sum, &reduce);
+    if mask[0] {
+        let scale = match weight {
+            Some(w) => mul(b, w, invstd)?,
+            None => invstd,
+        };
+        let scale = per_channel(b, scale, &dims);
+        let gi = if train {
+            // scale / n * (n g - sum(g) - xhat sum(g xhat))
+            let n = b.constant(Literal::Int(count), cd, &dims);
+            let ng = mul(b, n, g)?;
+            let sg = per_channel(b, sum_g, &dims);
+            let sgx = per_channel(b, sum_gx, &dims);
+            let t = mul(b, xhat, sgx)?;
+            let d = sub(b, ng, sg)?;
+            let d = sub(b, d, t)?;
+            let sd = mul(b, scale, d)?;
+            b.binary(BinaryOp::Div, sd, n)?
+        } else {
+            mul(b, g, scale)?
+        };
+        let gi = b.convert(gi, dtype);
+        b.output(gi)?;
+    } else {
+        b.none_output();
+    }
+    let weight_dtype = b.opt_tensor_arg(2)?.map(|t| t.view.dtype).unwrap_or(dtype);
+    for (k, value) in [(1usize, sum_gx), (2, sum_g)] {
+        if mask[k] {
+            let v = b.convert(value, weight_dtype);
+            b.output(v)?;
+        } else {
+            b.none_output();
+        }
+    }
+    Ok(())
+}
+
+/// embedding_dense_backward(grad_output, indices, num_weights, padding_idx,
+/// scale_grad_by_freq): rows of grad scatter-added at their indices.
+fn embedding_dense_backward(b: &mut Builder) -> Result<()> {
+    let (g, dtype, gdims) = float_arg(b, 0)?;
+    let index_view = b.tensor_arg(1)?.view.clone();
+    let num_weights = b.int_arg(2)?;
+    let padding_idx = b.int_arg(3)?;
+    let scale_by_freq = b.bool_arg(4)?;
+    let d = *gdims
+        .last()
+        .ok_or_else(|| b.arg_error(0, "a gradient of rank >= 1", "a scalar"))?;
+    let n = index_view.numel() as i64;
+    let g = b.reshape(g, &[n, d])?;
+    let idx = b.tensor(1)?;
+    let idx = b.convert(idx, DType::I64);
+    let idx = b.reshape(idx, &[n])?;
+    let mut rows = g;
+    let pad = b.constant(Literal::Int(padding_idx), DType::I64, &[n]);
+    let not_pad = b.compare(crate::ir::CompareDir::Ne, idx, pad)?;
+    let zero = b.constant(Literal::Int(0), dtype, &[n]);
+    let one = b.constant(Literal::Int(1), dtype, &[n]);
+    let keep = b.select(not_pad, one, zero)?;
+    if scale_by_freq {
+        // Divide each row by how often its index occurs.
+        let counts = b.constant(Literal::Int(0), dtype, &[num_weights]);
+        let counts = b.flat_scatter_add(counts, idx, one);
+        let per_row = b.flat_gather(counts, idx);
+        let scale = b.binary(BinaryOp::Div, keep, per_row)?;
+        let scale = b.broadcast_in_dim(scale, &[n, d], &[0]);
+        rows = mul(b, rows, scale)?;
+    } else {
+        let keep = b.broadcast_in_dim(keep, &[n, d], &[0]);
+        rows = mul(b, rows, keep)?;
+    }
+    let row_index = b.broadcast_in_dim(idx, &[n, d], &[0]);
+    let width = b.constant(Literal::Int(d), DType::I64, &[n, d]);
+    let base = mul(b, row_index, width)?;
+    let col = b.iota(DType::I64, &[n, d], 1);
+    let flat_index = add(b, base, col)?;
+    let out = b.constant(Literal::Int(0), dtype, &[num_weights * d]);
+    let out = b.flat_scatter_add(out, flat_index, rows);
+    let out = b.reshape(out, &[num_weights, d])?;
+    b.output(out)
+}
+
+pub(super) fn ops() -> Vec<OpDef> {
+    vec![
+        op("aten::native_layer_norm", layer_norm),
+        op("aten::native_layer_norm_backward", layer_norm_backward),
+        op("aten::native_batch_norm", batch_norm),
+        op("aten::native_batch_norm_backward", batch_norm_backward),
+        op("aten::embedding_dense_backward", embedding_dense_backward),
+    ]
+}
