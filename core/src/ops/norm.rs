@@ -119,7 +119,7 @@ fn layer_norm(b: &mut Builder) -> Result<()> {
     let stat_dims: Vec<i64> = dims[..axis]
         .iter()
         .copied()
-        .chain(std::iter::repeat(1).take(normalized.len()))
+        .chain(std::iter::repeat_n(1, normalized.len()))
         .collect();
     for stat in [mean, rstd] {
         let s = b.slice(stat, &[0, 0], &[m, 1], &[1, 1]);
