@@ -680,6 +680,78 @@ impl<'a> Builder<'a> {
         )
     }
 
+    /// A convolution whose result shape the caller computed (`out_dims`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn convolution(
+        &mut self,
+        lhs: ValueId,
+        rhs: ValueId,
+        layouts: [&str; 3],
+        window_strides: &[i64],
+        padding: &[(i64, i64)],
+        lhs_dilation: &[i64],
+        rhs_dilation: &[i64],
+        groups: (i64, i64),
+        out_dims: &[i64],
+    ) -> ValueId {
+        let dtype = self.dtype(lhs);
+        self.push(
+            Node::Convolution {
+                lhs,
+                rhs,
+                layouts: layouts.map(str::to_string),
+                window_strides: window_strides.to_vec(),
+                padding: padding.to_vec(),
+                lhs_dilation: lhs_dilation.to_vec(),
+                rhs_dilation: rhs_dilation.to_vec(),
+                feature_group_count: groups.0,
+                batch_group_count: groups.1,
+            },
+            TensorType::new(dtype, out_dims),
+        )
+    }
+
+    pub fn reverse(&mut self, x: ValueId, dims: &[i64]) -> ValueId {
+        if dims.is_empty() {
+            return x;
+        }
+        let ty = self.ty(x).clone();
+        self.push(
+            Node::Reverse {
+                operand: x,
+                dims: dims.to_vec(),
+            },
+            ty,
+        )
+    }
+
+    /// Pads `x` with the literal `value` (negative low/high crop).
+    pub fn pad(
+        &mut self,
+        x: ValueId,
+        value: Literal,
+        low: &[i64],
+        high: &[i64],
+        interior: &[i64],
+    ) -> ValueId {
+        let dtype = self.dtype(x);
+        let src = self.dims(x);
+        let dims: Vec<i64> = (0..src.len())
+            .map(|d| src[d] + low[d] + high[d] + interior[d] * (src[d] - 1).max(0))
+            .collect();
+        let v = self.constant(value, dtype, &[]);
+        self.push(
+            Node::Pad {
+                operand: x,
+                value: v,
+                low: low.to_vec(),
+                high: high.to_vec(),
+                interior: interior.to_vec(),
+            },
+            TensorType::new(dtype, &dims),
+        )
+    }
+
     pub fn rng_bits(&mut self, key: ValueId, dtype: DType, dims: &[i64]) -> ValueId {
         self.push(Node::RngBits { key }, TensorType::new(dtype, dims))
     }

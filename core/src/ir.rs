@@ -238,6 +238,35 @@ pub enum Node {
         update: ValueId,
         start: Vec<i64>,
     },
+    /// `stablehlo.convolution`. Layouts name each operand's dims in order:
+    /// `b`/`f` (batch, feature) for the input and output, `o`/`i` (output,
+    /// input feature) for the kernel, digits for spatial dims, e.g.
+    /// `"bf01"`, `"oi01"`, `"bf01"`.
+    Convolution {
+        lhs: ValueId,
+        rhs: ValueId,
+        layouts: [String; 3],
+        window_strides: Vec<i64>,
+        padding: Vec<(i64, i64)>,
+        lhs_dilation: Vec<i64>,
+        rhs_dilation: Vec<i64>,
+        feature_group_count: i64,
+        batch_group_count: i64,
+    },
+    /// Reverses the order of elements along `dims`.
+    Reverse {
+        operand: ValueId,
+        dims: Vec<i64>,
+    },
+    /// Pads with the scalar `value` (a 0-d value): `low`/`high` per dim
+    /// (negative crops), `interior` between elements.
+    Pad {
+        operand: ValueId,
+        value: ValueId,
+        low: Vec<i64>,
+        high: Vec<i64>,
+        interior: Vec<i64>,
+    },
     /// Uniformly random unsigned bits of the node's type, from a `ui64[2]`
     /// Threefry key (the generator's seed and offset).
     RngBits {

@@ -329,6 +329,64 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
                 graph.ty(*update),
             );
         }
+        Node::Convolution {
+            lhs,
+            rhs,
+            layouts,
+            window_strides,
+            padding,
+            lhs_dilation,
+            rhs_dilation,
+            feature_group_count,
+            batch_group_count,
+        } => {
+            let spec = |layout: &str| {
+                let items: Vec<String> = layout.chars().map(|c| c.to_string()).collect();
+                format!("[{}]", items.join(", "))
+            };
+            let pads: Vec<String> = padding.iter().map(|(lo, hi)| format!("[{lo}, {hi}]")).collect();
+            let padding_attr = if padding.is_empty() {
+                "dense<> : tensor<0x2xi64>".to_string()
+            } else {
+                format!("dense<[{}]> : tensor<{}x2xi64>", pads.join(", "), padding.len())
+            };
+            op(
+                out,
+                graph,
+                id,
+                "stablehlo.convolution",
+                &[*lhs, *rhs],
+                &format!(
+                    "batch_group_count = {batch_group_count} : i64, dimension_numbers = #stablehlo.conv<{}x{}->{}>, \
+                     feature_group_count = {feature_group_count} : i64, lhs_dilation = {}, padding = {padding_attr}, \
+                     rhs_dilation = {}, window_strides = {}",
+                    spec(&layouts[0]),
+                    spec(&layouts[1]),
+                    spec(&layouts[2]),
+                    i64_array(lhs_dilation),
+                    i64_array(rhs_dilation),
+                    i64_array(window_strides)
+                ),
+                ty,
+            )
+        }
+        Node::Reverse { operand, dims } => {
+            op(out, graph, id, "stablehlo.reverse", &[*operand], &format!("dimensions = {}", i64_array(dims)), ty)
+        }
+        Node::Pad { operand, value, low, high, interior } => op(
+            out,
+            graph,
+            id,
+            "stablehlo.pad",
+            &[*operand, *value],
+            &format!(
+                "edge_padding_low = {}, edge_padding_high = {}, interior_padding = {}",
+                i64_array(low),
+                i64_array(high),
+                i64_array(interior)
+            ),
+            ty,
+        ),
         Node::RngBits { key } => {
             let key_ty = graph.ty(*key);
             let _ = writeln!(

@@ -562,3 +562,126 @@ fn embedding_backward_accumulates_repeated_indices() {
         0.0,
     );
 }
+
+/// Naive host conv2d: x [N, C, H, W], w [O, C/g, KH, KW].
+#[allow(clippy::too_many_arguments)]
+fn host_conv2d(
+    x: &[f32],
+    xd: [usize; 4],
+    w: &[f32],
+    wd: [usize; 4],
+    stride: usize,
+    pad: usize,
+    dil: usize,
+    groups: usize,
+) -> (Vec<f32>, [usize; 4]) {
+    let [n, c, h, wi] = xd;
+    let [o, cg, kh, kw] = wd;
+    let oh = (h + 2 * pad - dil * (kh - 1) - 1) / stride + 1;
+    let ow = (wi + 2 * pad - dil * (kw - 1) - 1) / stride + 1;
+    let mut out = vec![0f32; n * o * oh * ow];
+    for b in 0..n {
+        for oc in 0..o {
+            let grp = oc / (o / groups);
+            for y in 0..oh {
+                for xx in 0..ow {
+                    let mut acc = 0f64;
+                    for ic in 0..cg {
+                        for i in 0..kh {
+                            for j in 0..kw {
+                                let iy = (y * stride + i * dil) as i64 - pad as i64;
+                                let ix = (xx * stride + j * dil) as i64 - pad as i64;
+                                if iy < 0 || ix < 0 || iy >= h as i64 || ix >= wi as i64 {
+                                    continue;
+                                }
+                                let cin = grp * cg + ic;
+                                acc += x[((b * c + cin) * h + iy as usize) * wi + ix as usize]
+                                    as f64
+                                    * w[((oc * cg + ic) * kh + i) * kw + j] as f64;
+                            }
+                        }
+                    }
+                    out[((b * o + oc) * oh + y) * ow + xx] = acc as f32;
+                }
+            }
+        }
+    }
+    (out, [n, o, oh, ow])
+}
+
+#[test]
+fn convolution_matches_host_and_its_backward_is_its_adjoint() {
+    let mut rng = Rng::fresh("conv");
+    let (xd, wd) = ([2usize, 4, 7, 6], [6usize, 2, 3, 3]);
+    let x = rng.f32s(xd.iter().product());
+    let w = rng.f32s(wd.iter().product());
+    let (want, od) = host_conv2d(&x, xd, &w, wd, 2, 1, 1, 2);
+    let dims = |d: [usize; 4]| d.iter().map(|&v| v as i64).collect::<Vec<_>>();
+    let (tx, tw) = (f32_tensor(&x, &dims(xd)), f32_tensor(&w, &dims(wd)));
+    let geometry = |transposed: bool| {
+        vec![
+            Arg::IntList(vec![2, 2]),
+            Arg::IntList(vec![1, 1]),
+            Arg::IntList(vec![1, 1]),
+            Arg::Bool(transposed),
+            Arg::IntList(vec![0, 0]),
+            Arg::Int(2),
+        ]
+    };
+    let mut args = vec![t(&tx), t(&tw), Arg::None];
+    args.extend(geometry(false));
+    let y = call("aten::convolution", &args);
+    assert_eq!(y[0].view.sizes, dims(od));
+    assert_close(&read(&y[0]), &want, 1e-4, 1e-5);
+
+    // <conv(x), gy> == <x, grad_input(gy)> and grad_weight likewise.
+    let gy = rng.f32s(od.iter().product());
+    let tgy = f32_tensor(&gy, &dims(od));
+    let mut args = vec![t(&tgy), t(&tx), t(&tw), Arg::IntList(vec![6])];
+    args.extend(geometry(false));
+    args.push(Arg::IntList(vec![1, 1, 1]));
+    let grads = call("aten::convolution_backward", &args);
+    let dot = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(p, q)| *p as f64 * *q as f64)
+            .sum::<f64>()
+    };
+    let lhs = dot(&want, &gy);
+    let gx = read(&grads[0]);
+    assert_eq!(grads[0].view.sizes, dims(xd));
+    assert!(
+        (lhs - dot(&x, &gx)).abs() < 1e-3 * lhs.abs().max(1.0),
+        "input adjoint {lhs} vs {}",
+        dot(&x, &gx)
+    );
+    let gw = read(&grads[1]);
+    assert_eq!(grads[1].view.sizes, dims(wd));
+    assert!(
+        (lhs - dot(&w, &gw)).abs() < 1e-3 * lhs.abs().max(1.0),
+        "weight adjoint {lhs} vs {}",
+        dot(&w, &gw)
+    );
+    let gb = read(&grads[2]);
+    for (o, v) in gb.iter().enumerate() {
+        let want: f32 = (0..2)
+            .flat_map(|n| (0..od[2] * od[3]).map(move |k| (n, k)))
+            .map(|(n, k)| gy[(n * 6 + o) * od[2] * od[3] + k])
+            .sum();
+        assert!((v - want).abs() < 1e-4, "bias grad {o}");
+    }
+
+    // A transposed convolution is the input gradient of the standard one.
+    let mut args = vec![t(&tgy), t(&tw), Arg::None];
+    args.extend(vec![
+        Arg::IntList(vec![2, 2]),
+        Arg::IntList(vec![1, 1]),
+        Arg::IntList(vec![1, 1]),
+        Arg::Bool(true),
+        Arg::IntList(vec![0, 1]),
+        Arg::Int(2),
+    ]);
+    let yt = call("aten::convolution", &args);
+    assert_eq!(yt[0].view.sizes, dims(xd));
+    assert_close(&read(&yt[0]), &gx, 1e-4, 1e-5);
+}

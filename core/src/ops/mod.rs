@@ -6,6 +6,7 @@
 //! out semantics live in one place.
 
 mod activation;
+mod conv;
 mod foreach;
 mod linalg;
 mod misc;
@@ -40,6 +41,7 @@ pub fn table() -> &'static [OpDef] {
         all.extend(foreach::ops());
         all.extend(activation::ops());
         all.extend(norm::ops());
+        all.extend(conv::ops());
         all
     })
 }
