@@ -685,3 +685,109 @@ fn convolution_matches_host_and_its_backward_is_its_adjoint() {
     assert_eq!(yt[0].view.sizes, dims(xd));
     assert_close(&read(&yt[0]), &gx, 1e-4, 1e-5);
 }
+
+#[test]
+fn max_pool_picks_first_maxima_and_routes_gradients() {
+    // One 4x4 plane with a tie in the first window.
+    let x: Vec<f32> = vec![
+        1.0, 5.0, 2.0, 0.0, 5.0, 3.0, 7.0, 7.0, 0.0, 1.0, 2.0, 3.0, 4.0, 9.0, 3.0, 8.0,
+    ];
+    let tx = f32_tensor(&x, &[1, 1, 4, 4]);
+    let out = call(
+        "aten::max_pool2d_with_indices",
+        &[
+            t(&tx),
+            Arg::IntList(vec![2, 2]),
+            Arg::IntList(vec![2, 2]),
+            Arg::IntList(vec![0, 0]),
+            Arg::IntList(vec![1, 1]),
+            Arg::Bool(false),
+        ],
+    );
+    assert_close(&read(&out[0]), &[5.0, 7.0, 9.0, 8.0], 0.0, 0.0);
+    let idx: Vec<i64> = out[1]
+        .storage
+        .read_view(&out[1].view)
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(idx, vec![1, 6, 13, 15]);
+    let gy = f32_tensor(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2]);
+    let gx = call(
+        "aten::max_pool2d_with_indices_backward",
+        &[
+            t(&gy),
+            t(&tx),
+            Arg::IntList(vec![2, 2]),
+            Arg::IntList(vec![2, 2]),
+            Arg::IntList(vec![0, 0]),
+            Arg::IntList(vec![1, 1]),
+            Arg::Bool(false),
+            t(&out[1]),
+        ],
+    );
+    let mut want = vec![0f32; 16];
+    for (i, &p) in idx.iter().enumerate() {
+        want[p as usize] += (i + 1) as f32;
+    }
+    assert_close(&read(&gx[0]), &want, 0.0, 0.0);
+}
+
+#[test]
+fn average_pools_match_host() {
+    let mut rng = Rng::fresh("avg_pool");
+    let x = rng.f32s(2 * 5 * 6);
+    let tx = f32_tensor(&x, &[2, 5, 6]);
+    // 3x3 windows, stride 2, padding 1, count_include_pad=false.
+    let out = call(
+        "aten::avg_pool2d",
+        &[
+            t(&tx),
+            Arg::IntList(vec![3, 3]),
+            Arg::IntList(vec![2, 2]),
+            Arg::IntList(vec![1, 1]),
+            Arg::Bool(false),
+            Arg::Bool(false),
+            Arg::None,
+        ],
+    );
+    assert_eq!(out[0].view.sizes, vec![2, 3, 3]);
+    let mut want = Vec::new();
+    for p in 0..2 {
+        for oh in 0..3i64 {
+            for ow in 0..3i64 {
+                let (mut sum, mut n) = (0f32, 0f32);
+                for kh in 0..3 {
+                    for kw in 0..3 {
+                        let (r, c) = (oh * 2 - 1 + kh, ow * 2 - 1 + kw);
+                        if (0..5).contains(&r) && (0..6).contains(&c) {
+                            sum += x[p * 30 + (r * 6 + c) as usize];
+                            n += 1.0;
+                        }
+                    }
+                }
+                want.push(sum / n);
+            }
+        }
+    }
+    assert_close(&read(&out[0]), &want, 1e-5, 1e-6);
+    // Adaptive to 2x3: rows [0,3) and [2,5), columns in pairs.
+    let out = call(
+        "aten::_adaptive_avg_pool2d",
+        &[t(&tx), Arg::IntList(vec![2, 3])],
+    );
+    let mut want = Vec::new();
+    for p in 0..2 {
+        for (r0, r1) in [(0, 3), (2, 5)] {
+            for c0 in [0, 2, 4] {
+                let vals: Vec<f32> = (r0..r1)
+                    .flat_map(|r| (c0..c0 + 2).map(move |c| (r, c)))
+                    .map(|(r, c)| x[p * 30 + r * 6 + c])
+                    .collect();
+                want.push(vals.iter().sum::<f32>() / vals.len() as f32);
+            }
+        }
+    }
+    assert_close(&read(&out[0]), &want, 1e-5, 1e-6);
+}

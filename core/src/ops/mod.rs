@@ -13,6 +13,7 @@ mod misc;
 mod nn;
 mod norm;
 mod pointwise;
+mod pool;
 mod reduce;
 
 use std::sync::OnceLock;
@@ -42,6 +43,7 @@ pub fn table() -> &'static [OpDef] {
         all.extend(activation::ops());
         all.extend(norm::ops());
         all.extend(conv::ops());
+        all.extend(pool::ops());
         all
     })
 }

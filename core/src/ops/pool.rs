@@ -1,0 +1,479 @@
+//! Pooling (max with indices, average, adaptive average; with backwards)
+//! and constant padding. Windows are gathered from the flattened input, so
+//! ceil_mode, padding and dilation follow ATen's index arithmetic exactly;
+//! backwards scatter-add into the input.
+
+use super::{is_float, op, OpDef};
+use crate::dtype::DType;
+use crate::engine::{Arg, Builder};
+use crate::error::{Error, Result};
+use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
+
+/// 2-D pooling geometry.
+struct Pool {
+    /// Batch planes (N*C, or C for unbatched input).
+    planes: i64,
+    h: i64,
+    w: i64,
+    k: [i64; 2],
+    s: [i64; 2],
+    p: [i64; 2],
+    d: [i64; 2],
+    out: [i64; 2],
+}
+
+fn pair(b: &Builder, index: usize, default: Option<[i64; 2]>) -> Result<[i64; 2]> {
+    let v = match b.arg(index) {
+        Ok(Arg::None) | Err(_) => vec![],
+        Ok(_) => b.int_list_arg(index)?,
+    };
+    match (v.len(), default) {
+        (0, Some(d)) => Ok(d),
+        (1, _) => Ok([v[0], v[0]]),
+        (2, _) => Ok([v[0], v[1]]),
+        (n, _) => Err(b.arg_error(index, "1 or 2 values", n)),
+    }
+}
+
+/// ATen's pooling output size, with ceil_mode's rule that the last window
+/// must start inside the (left-padded) input.
+fn output_size(input: i64, k: i64, s: i64, p: i64, d: i64, ceil: bool) -> i64 {
+    let span = input + 2 * p - d * (k - 1) - 1;
+    let mut out = if ceil {
+        (span + s - 1).div_euclid(s) + 1
+    } else {
+        span.div_euclid(s) + 1
+    };
+    if ceil && (out - 1) * s >= input + p {
+        out -= 1;
+    }
+    out
+}
+
+/// Reads pooling arguments: input at 0, kernel at 1, stride at 2, padding
+/// at 3, dilation at `dilation` (if any), ceil_mode at `ceil`.
+fn pool_geometry(b: &Builder, dilation: Option<usize>, ceil: usize) -> Result<Pool> {
+    let sizes = b.tensor_arg(0)?.view.sizes.clone();
+    if !(3..=4).contains(&sizes.len()) {
+        return Err(Error::invalid(
+            format!("{}: input", b.op_name()),
+            "a 3-D or 4-D input",
+            format!("{sizes:?}"),
+        ));
+    }
+    let r = sizes.len();
+    let (h, w) = (sizes[r - 2], sizes[r - 1]);
+    let planes: i64 = sizes[..r - 2].iter().product();
+    let k = pair(b, 1, None)?;
+    let s = pair(b, 2, Some(k))?;
+    let p = pair(b, 3, Some([0, 0]))?;
+    let d = match dilation {
+        Some(i) => pair(b, i, Some([1, 1]))?,
+        None => [1, 1],
+    };
+    let ceil_mode = b.bool_arg(ceil)?;
+    if k.iter().chain(&s).chain(&d).any(|&v| v < 1)
+        || p.iter().any(|&v| v < 0)
+        || p[0] * 2 > k[0]
+        || p[1] * 2 > k[1]
+    {
+        return Err(Error::invalid(
+            format!("{}: geometry", b.op_name()),
+            "kernel, stride, dilation >= 1 and 0 <= padding <= kernel / 2",
+            format!("kernel {k:?} stride {s:?} padding {p:?} dilation {d:?}"),
+        ));
+    }
+    let out = [
+        output_size(h, k[0], s[0], p[0], d[0], ceil_mode),
+        output_size(w, k[1], s[1], p[1], d[1], ceil_mode),
+    ];
+    if out[0] < 1 || out[1] < 1 {
+        return Err(Error::invalid(
+            format!("{}: output size", b.op_name()),
+            "at least 1x1",
+            format!("{out:?} for input {sizes:?}"),
+        ));
+    }
+    Ok(Pool {
+        planes,
+        h,
+        w,
+        k,
+        s,
+        p,
+        d,
+        out,
+    })
+}
+
+/// The output sizes (input sizes with the last two replaced).
+fn out_sizes(input: &[i64], out: [i64; 2]) -> Vec<i64> {
+    let mut v = input.to_vec();
+    let r = v.len();
+    v[r - 2] = out[0];
+    v[r - 1] = out[1];
+    v
+}
+
+/// For window element (kh, kw) of output (oh, ow): the input row/column.
+/// Returns (rows, cols) as s64 tensors of shape [planes, OH, OW, KH, KW].
+fn window_coords(b: &mut Builder, g: &Pool) -> Result<(ValueId, ValueId, Vec<i64>)> {
+    let shape = vec![g.planes, g.out[0], g.out[1], g.k[0], g.k[1]];
+    let coord = |b: &mut Builder,
+                 out_dim: usize,
+                 k_dim: usize,
+                 s: i64,
+                 p: i64,
+                 d: i64|
+     -> Result<ValueId> {
+        let o = b.iota(DType::I64, &shape, out_dim);
+        let k = b.iota(DType::I64, &shape, k_dim);
+        let sv = b.constant(Literal::Int(s), DType::I64, &shape);
+        let dv = b.constant(Literal::Int(d), DType::I64, &shape);
+        let pv = b.constant(Literal::Int(p), DType::I64, &shape);
+        let os = b.binary(BinaryOp::Mul, o, sv)?;
+        let kd = b.binary(BinaryOp::Mul, k, dv)?;
+        let sum = b.binary(BinaryOp::Add, os, kd)?;
+        b.binary(BinaryOp::Sub, sum, pv)
+    };
+    let rows = coord(b, 1, 3, g.s[0], g.p[0], g.d[0])?;
+    let cols = coord(b, 2, 4, g.s[1], g.p[1], g.d[1])?;
+    Ok((rows, cols, shape))
+}
+
+/// `0 <= rows < h && 0 <= cols < w`, and the clamped flat input index.
+fn window_index(
+    b: &mut Builder,
+    g: &Pool,
+    rows: ValueId,
+    cols: ValueId,
+    shape: &[i64],
+) -> Result<(ValueId, ValueId, ValueId)> {
+    let zero = b.constant(Literal::Int(0), DType::I64, shape);
+    let hv = b.constant(Literal::Int(g.h), DType::I64, shape);
+    let wv = b.constant(Literal::Int(g.w), DType::I64, shape);
+    let r0 = b.compare(CompareDir::Ge, rows, zero)?;
+    let r1 = b.compare(CompareDir::Lt, rows, hv)?;
+    let c0 = b.compare(CompareDir::Ge, cols, zero)?;
+    let c1 = b.compare(CompareDir::Lt, cols, wv)?;
+    let a = b.binary(BinaryOp::And, r0, r1)?;
+    let c = b.binary(BinaryOp::And, c0, c1)?;
+    let valid = b.binary(BinaryOp::And, a, c)?;
+    let hmax = b.constant(Literal::Int(g.h - 1), DType::I64, shape);
+    let wmax = b.constant(Literal::Int(g.w - 1), DType::I64, shape);
+    let rc = b.binary(BinaryOp::Max, rows, zero)?;
+    let rc = b.binary(BinaryOp::Min, rc, hmax)?;
+    let cc = b.binary(BinaryOp::Max, cols, zero)?;
+    let cc = b.binary(BinaryOp::Min, cc, wmax)?;
+    let rw = b.binary(BinaryOp::Mul, rc, wv)?;
+    let spatial = b.binary(BinaryOp::Add, rw, cc)?;
+    let plane = b.iota(DType::I64, shape, 0);
+    let hw = b.constant(Literal::Int(g.h * g.w), DType::I64, shape);
+    let base = b.binary(BinaryOp::Mul, plane, hw)?;
+    let flat = b.binary(BinaryOp::Add, base, spatial)?;
+    Ok((valid, spatial, flat))
+}
+
+fn float_input(b: &mut Builder) -> Result<(ValueId, DType, Vec<i64>)> {
+    let view = b.tensor_arg(0)?.view.clone();
+    if !is_float(view.dtype) {
+        return Err(Error::invalid(
+            format!("{}: input", b.op_name()),
+            "a floating point tensor",
+            view.dtype,
+        ));
+    }
+    let x = b.tensor(0)?;
+    let x = b.reshape(x, &[view.numel() as i64])?;
+    Ok((x, view.dtype, view.sizes))
+}
+
+/// max_pool2d_with_indices(self, kernel, stride, padding, dilation, ceil_mode)
+/// -> (out, indices into each input plane, h * W + w).
+fn max_pool(b: &mut Builder) -> Result<()> {
+    let g = pool_geometry(b, Some(4), 5)?;
+    let (x, dtype, sizes) = float_input(b)?;
+    let (rows, cols, shape) = window_coords(b, &g)?;
+    let (valid, spatial, flat) = window_index(b, &g, rows, cols, &shape)?;
+    let values = b.flat_gather(x, flat);
+    let neg_inf = b.constant(Literal::Float(f64::NEG_INFINITY), dtype, &shape);
+    let values = b.select(valid, values, neg_inf)?;
+    let best = b.reduce(values, ReduceOp::Max, &[3, 4]);
+    let best_b = b.broadcast_in_dim(best, &shape, &[0, 1, 2]);
+    let is_best = b.compare(CompareDir::Eq, values, best_b)?;
+    let big = b.constant(Literal::Int(i64::MAX), DType::I64, &shape);
+    // Window positions increase with the spatial index, so the smallest
+    // spatial index among the maxima is the first maximum, as ATen picks.
+    let candidates = b.select(is_best, spatial, big)?;
+    let index = b.reduce(candidates, ReduceOp::Min, &[3, 4]);
+    let osz = out_sizes(&sizes, g.out);
+    let best = b.reshape(best, &osz)?;
+    let index = b.reshape(index, &osz)?;
+    b.output(best)?;
+    b.output(index)
+}
+
+/// max_pool2d_with_indices_backward(grad, self, kernel, stride, padding,
+/// dilation, ceil_mode, indices): gradients scatter-added at the indices.
+fn max_pool_backward(b: &mut Builder) -> Result<()> {
+    let view = b.tensor_arg(1)?.view.clone();
+    let r = view.sizes.len();
+    let (h, w) = (view.sizes[r - 2], view.sizes[r - 1]);
+    let planes: i64 = view.sizes[..r - 2].iter().product();
+    let gy = b.tensor(0)?;
+    let gdims = b.dims(gy);
+    let per_plane: i64 = gdims[r - 2..].iter().product();
+    let gy = b.reshape(gy, &[planes, per_plane])?;
+    let gy = b.convert(gy, view.dtype);
+    let idx = b.tensor(7)?;
+    let idx = b.convert(idx, DType::I64);
+    let idx = b.reshape(idx, &[planes, per_plane])?;
+    let plane = b.iota(DType::I64, &[planes, per_plane], 0);
+    let hw = b.constant(Literal::Int(h * w), DType::I64, &[planes, per_plane]);
+    let base = b.binary(BinaryOp::Mul, plane, hw)?;
+    let flat = b.binary(BinaryOp::Add, base, idx)?;
+    let zeros = b.constant(Literal::Int(0), view.dtype, &[planes * h * w]);
+    let gx = b.flat_scatter_add(zeros, flat, gy);
+    let gx = b.reshape(gx, &view.sizes)?;
+    b.output(gx)
+}
+
+/// ATen's average-pool divisor per output position, as `dtype` [OH, OW].
+fn avg_divisor(
+    b: &mut Builder,
+    g: &Pool,
+    count_include_pad: bool,
+    dtype: DType,
+) -> Result<ValueId> {
+    let mut per_axis = Vec::new();
+    for axis in 0..2 {
+        let (n, size) = (g.out[axis], if axis == 0 { g.h } else { g.w });
+        let o = b.iota(DType::I64, &[n], 0);
+        let s = b.constant(Literal::Int(g.s[axis]), DType::I64, &[n]);
+        let p = b.constant(Literal::Int(g.p[axis]), DType::I64, &[n]);
+        let k = b.constant(Literal::Int(g.k[axis]), DType::I64, &[n]);
+        let limit = b.constant(Literal::Int(size + g.p[axis]), DType::I64, &[n]);
+        let os = b.binary(BinaryOp::Mul, o, s)?;
+        let start = b.binary(BinaryOp::Sub, os, p)?;
+        let sk = b.binary(BinaryOp::Add, start, k)?;
+        let end = b.binary(BinaryOp::Min, sk, limit)?;
+        let len = if count_include_pad {
+            b.binary(BinaryOp::Sub, end, start)?
+        } else {
+            let zero = b.constant(Literal::Int(0), DType::I64, &[n]);
+            let sz = b.constant(Literal::Int(size), DType::I64, &[n]);
+            let cs = b.binary(BinaryOp::Max, start, zero)?;
+            let ce = b.binary(BinaryOp::Min, end, sz)?;
+            b.binary(BinaryOp::Sub, ce, cs)?
+        };
+        per_axis.push(len);
+    }
+    let rows = b.broadcast_in_dim(per_axis[0], &[g.out[0], g.out[1]], &[0]);
+    let cols = b.broadcast_in_dim(per_axis[1], &[g.out[0], g.out[1]], &[1]);
+    let area = b.binary(BinaryOp::Mul, rows, cols)?;
+    Ok(b.convert(area, dtype))
+}
+
+/// The divisor for avg_pool2d(+backward) with divisor_override at `index`.
+fn divisor(
+    b: &mut Builder,
+    g: &Pool,
+    include_pad: usize,
+    divisor_override: usize,
+    dtype: DType,
+) -> Result<ValueId> {
+    match b.opt_int_arg(divisor_override)? {
+        Some(0) => Err(b.arg_error(divisor_override, "a non-zero divisor", 0)),
+        Some(v) => Ok(b.constant(Literal::Int(v), dtype, &[g.out[0], g.out[1]])),
+        None => {
+            let include = b.bool_arg(include_pad)?;
+            avg_divisor(b, g, include, dtype)
+        }
+    }
+}
+
+/// avg_pool2d(self, kernel, stride, padding, ceil_mode, count_include_pad,
+/// divisor_override).
+fn avg_pool(b: &mut Builder) -> Result<()> {
+    let g = pool_geometry(b, None, 4)?;
+    let (x, dtype, sizes) = float_input(b)?;
+    let (rows, cols, shape) = window_coords(b, &g)?;
+    let (valid, _, flat) = window_index(b, &g, rows, cols, &shape)?;
+    let values = b.flat_gather(x, flat);
+    let zeros = b.constant(Literal::Int(0), dtype, &shape);
+    let values = b.select(valid, values, zeros)?;
+    let sum = b.reduce(values, ReduceOp::Sum, &[3, 4]);
+    let div = divisor(b, &g, 5, 6, dtype)?;
+    let div = b.broadcast_in_dim(div, &[g.planes, g.out[0], g.out[1]], &[1, 2]);
+    let out = b.binary(BinaryOp::Div, sum, div)?;
+    let out = b.reshape(out, &out_sizes(&sizes, g.out))?;
+    b.output(out)
+}
+
+/// avg_pool2d_backward(grad, self, kernel, stride, padding, ceil_mode,
+/// count_include_pad, divisor_override).
+fn avg_pool_backward(b: &mut Builder) -> Result<()> {
+    // The forward's arguments follow the gradient, one position later.
+    let view = b.tensor_arg(1)?.view.clone();
+    let r = view.sizes.len();
+    let planes: i64 = view.sizes[..r - 2].iter().product();
+    let (h, w) = (view.sizes[r - 2], view.sizes[r - 1]);
+    let k = pair(b, 2, None)?;
+    let s = pair(b, 3, Some(k))?;
+    let p = pair(b, 4, Some([0, 0]))?;
+    let ceil_mode = b.bool_arg(5)?;
+    let out = [
+        output_size(h, k[0], s[0], p[0], 1, ceil_mode),
+        output_size(w, k[1], s[1], p[1], 1, ceil_mode),
+    ];
+    let g = Pool {
+        planes,
+        h,
+        w,
+        k,
+        s,
+        p,
+        d: [1, 1],
+        out,
+    };
+    let dtype = view.dtype;
+    let gy = b.tensor(0)?;
+    let gy = b.convert(gy, dtype);
+    let gy = b.reshape(gy, &[planes, out[0], out[1]])?;
+    let div = divisor(b, &g, 6, 7, dtype)?;
+    let div = b.broadcast_in_dim(div, &[planes, out[0], out[1]], &[1, 2]);
+    let share = b.binary(BinaryOp::Div, gy, div)?;
+    let (rows, cols, shape) = window_coords(b, &g)?;
+    let (valid, _, flat) = window_index(b, &g, rows, cols, &shape)?;
+    let share = b.broadcast_in_dim(share, &shape, &[0, 1, 2]);
+    let zeros = b.constant(Literal::Int(0), dtype, &shape);
+    let share = b.select(valid, share, zeros)?;
+    let acc = b.constant(Literal::Int(0), dtype, &[planes * h * w]);
+    let gx = b.flat_scatter_add(acc, flat, share);
+    let gx = b.reshape(gx, &view.sizes)?;
+    b.output(gx)
+}
+
+/// The adaptive pooling matrix [out, size]: row i averages input
+/// [floor(i size / out), ceil((i + 1) size / out)).
+fn adaptive_matrix(b: &mut Builder, out: i64, size: i64, dtype: DType) -> Result<ValueId> {
+    let shape = [out, size];
+    let i = b.iota(DType::I64, &shape, 0);
+    let j = b.iota(DType::I64, &shape, 1);
+    let n = b.constant(Literal::Int(size), DType::I64, &shape);
+    let o = b.constant(Literal::Int(out), DType::I64, &shape);
+    let one = b.constant(Literal::Int(1), DType::I64, &shape);
+    let in_ = b.binary(BinaryOp::Mul, i, n)?;
+    let start = b.binary(BinaryOp::Div, in_, o)?;
+    let i1 = b.binary(BinaryOp::Add, i, one)?;
+    let i1n = b.binary(BinaryOp::Mul, i1, n)?;
+    let om1 = b.binary(BinaryOp::Sub, o, one)?;
+    let up = b.binary(BinaryOp::Add, i1n, om1)?;
+    let end = b.binary(BinaryOp::Div, up, o)?;
+    let ge = b.compare(CompareDir::Ge, j, start)?;
+    let lt = b.compare(CompareDir::Lt, j, end)?;
+    let inside = b.binary(BinaryOp::And, ge, lt)?;
+    let len = b.binary(BinaryOp::Sub, end, start)?;
+    let len = b.convert(len, dtype);
+    let onef = b.constant(Literal::Int(1), dtype, &shape);
+    let weight = b.binary(BinaryOp::Div, onef, len)?;
+    let zero = b.constant(Literal::Int(0), dtype, &shape);
+    b.select(inside, weight, zero)
+}
+
+/// _adaptive_avg_pool2d(self, output_size): P_h x P_wᵀ per plane.
+fn adaptive_avg_pool(b: &mut Builder) -> Result<()> {
+    let (x, dtype, sizes) = float_input(b)?;
+    let r = sizes.len();
+    if !(3..=4).contains(&r) {
+        return Err(Error::invalid(
+            format!("{}: input", b.op_name()),
+            "a 3-D or 4-D input",
+            format!("{sizes:?}"),
+        ));
+    }
+    let out = pair(b, 1, None)?;
+    let (h, w) = (sizes[r - 2], sizes[r - 1]);
+    let planes: i64 = sizes[..r - 2].iter().product();
+    let x = b.reshape(x, &[planes, h, w])?;
+    let ph = adaptive_matrix(b, out[0], h, dtype)?;
+    let pw = adaptive_matrix(b, out[1], w, dtype)?;
+    let t = b.dot(x, pw, (&[], &[]), (&[2], &[1]), dtype)?; // [planes, h, ow]
+    let y = b.dot(ph, t, (&[], &[]), (&[1], &[1]), dtype)?; // [oh, planes, ow]
+    let y = b.transpose(y, &[1, 0, 2]);
+    let y = b.reshape(y, &out_sizes(&sizes, out))?;
+    b.output(y)
+}
+
+/// _adaptive_avg_pool2d_backward(grad, self): P_hᵀ g P_w per plane.
+fn adaptive_avg_pool_backward(b: &mut Builder) -> Result<()> {
+    let view = b.tensor_arg(1)?.view.clone();
+    let r = view.sizes.len();
+    let (h, w) = (view.sizes[r - 2], view.sizes[r - 1]);
+    let planes: i64 = view.sizes[..r - 2].iter().product();
+    let gy = b.tensor(0)?;
+    let gd = b.dims(gy);
+    let (oh, ow) = (gd[gd.len() - 2], gd[gd.len() - 1]);
+    let gy = b.convert(gy, view.dtype);
+    let gy = b.reshape(gy, &[planes, oh, ow])?;
+    let ph = adaptive_matrix(b, oh, h, view.dtype)?;
+    let pw = adaptive_matrix(b, ow, w, view.dtype)?;
+    let t = b.dot(gy, pw, (&[], &[]), (&[2], &[0]), view.dtype)?; // [planes, oh, w]
+    let gx = b.dot(ph, t, (&[], &[]), (&[0], &[1]), view.dtype)?; // [h, planes, w]
+    let gx = b.transpose(gx, &[1, 0, 2]);
+    let gx = b.reshape(gx, &view.sizes)?;
+    b.output(gx)
+}
+
+/// constant_pad_nd(self, pad, value): pairs from the last dim backwards;
+/// negative pads crop.
+fn constant_pad(b: &mut Builder) -> Result<()> {
+    let view = b.tensor_arg(0)?.view.clone();
+    let pad = b.int_list_arg(1)?;
+    let r = view.sizes.len();
+    if pad.len() % 2 != 0 || pad.len() / 2 > r {
+        return Err(b.arg_error(
+            1,
+            format!("an even number of pads, at most {}", 2 * r),
+            pad.len(),
+        ));
+    }
+    let value = match b.arg(2) {
+        Ok(Arg::Float(v)) => Literal::Float(*v),
+        Ok(Arg::Int(v)) => Literal::Int(*v),
+        Ok(Arg::Bool(v)) => Literal::Bool(*v),
+        _ => Literal::Int(0),
+    };
+    let (mut low, mut high) = (vec![0i64; r], vec![0i64; r]);
+    for (i, chunk) in pad.chunks(2).enumerate() {
+        low[r - 1 - i] = chunk[0];
+        high[r - 1 - i] = chunk[1];
+    }
+    for d in 0..r {
+        if view.sizes[d] + low[d] + high[d] < 0 {
+            return Err(b.arg_error(
+                1,
+                format!("pads leaving dimension {d} non-negative"),
+                format!("{pad:?}"),
+            ));
+        }
+    }
+    let x = b.tensor(0)?;
+    let y = b.pad(x, value, &low, &high, &vec![0; r]);
+    b.output(y)
+}
+
+pub(super) fn ops() -> Vec<OpDef> {
+    vec![
+        op("aten::max_pool2d_with_indices", max_pool),
+        op("aten::max_pool2d_with_indices_backward", max_pool_backward),
+        op("aten::avg_pool2d", avg_pool),
+        op("aten::avg_pool2d_backward", avg_pool_backward),
+        op("aten::_adaptive_avg_pool2d", adaptive_avg_pool),
+        op(
+            "aten::_adaptive_avg_pool2d_backward",
+            adaptive_avg_pool_backward,
+        ),
+        op("aten::constant_pad_nd", constant_pad),
+    ]
+}
