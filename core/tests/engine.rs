@@ -791,3 +791,17 @@ fn average_pools_match_host() {
     }
     assert_close(&read(&out[0]), &want, 1e-5, 1e-6);
 }
+
+#[test]
+fn remainder_follows_the_divisor_and_fmod_the_dividend() {
+    let a = f32_tensor(&[5.0, -5.0, 5.0, -5.0], &[4]);
+    let b = f32_tensor(&[3.0, 3.0, -3.0, -3.0], &[4]);
+    let r = call("aten::remainder.Tensor", &[t(&a), t(&b)]);
+    assert_close(&read(&r[0]), &[2.0, 1.0, -1.0, -2.0], 0.0, 0.0);
+    let f = call("aten::fmod.Tensor", &[t(&a), t(&b)]);
+    assert_close(&read(&f[0]), &[2.0, -2.0, 2.0, -2.0], 0.0, 0.0);
+    let e = call("aten::erf", &[t(&f32_tensor(&[0.0, 0.5, -1.0], &[3]))]);
+    assert_close(&read(&e[0]), &[0.0, 0.520_499_9, -0.842_700_8], 1e-5, 1e-6);
+    let tr = call("aten::trunc", &[t(&f32_tensor(&[1.7, -1.7, 0.2], &[3]))]);
+    assert_close(&read(&tr[0]), &[1.0, -1.0, 0.0], 0.0, 0.0);
+}

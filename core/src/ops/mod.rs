@@ -9,6 +9,7 @@ mod activation;
 mod conv;
 mod foreach;
 mod linalg;
+mod math;
 mod misc;
 mod nn;
 mod norm;
@@ -44,6 +45,7 @@ pub fn table() -> &'static [OpDef] {
         all.extend(norm::ops());
         all.extend(conv::ops());
         all.extend(pool::ops());
+        all.extend(math::ops());
         all
     })
 }
@@ -294,6 +296,15 @@ pub(crate) fn wrap_dim(b: &Builder, dim: i64, rank: usize) -> Result<usize> {
 mod tests {
     use super::*;
     use DType::*;
+
+    #[test]
+    fn op_names_are_unique() {
+        let mut names: Vec<&str> = table().iter().map(|op| op.name).collect();
+        let count = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), count, "an op is registered twice");
+    }
 
     #[test]
     fn promotion_matches_torch() {
