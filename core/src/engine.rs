@@ -752,6 +752,52 @@ impl<'a> Builder<'a> {
         )
     }
 
+    /// Sliding-window reduction; the caller computes the result shape.
+    pub fn reduce_window(
+        &mut self,
+        x: ValueId,
+        op: crate::ir::ReduceOp,
+        window: &[i64],
+        strides: &[i64],
+        padding: &[(i64, i64)],
+        out_dims: &[i64],
+    ) -> ValueId {
+        let dtype = self.dtype(x);
+        self.push(
+            Node::ReduceWindow {
+                operand: x,
+                op,
+                window: window.to_vec(),
+                strides: strides.to_vec(),
+                padding: padding.to_vec(),
+            },
+            TensorType::new(dtype, out_dims),
+        )
+    }
+
+    /// Stable sort of `keys` along `dim`, carrying `payload`; returns
+    /// (sorted keys, permuted payload).
+    pub fn sort(
+        &mut self,
+        keys: ValueId,
+        payload: ValueId,
+        dim: usize,
+        descending: bool,
+    ) -> (ValueId, ValueId) {
+        let (kt, pt) = (self.ty(keys).clone(), self.ty(payload).clone());
+        let sorted = self.push(
+            Node::Sort {
+                keys,
+                payload,
+                dim: dim as i64,
+                descending,
+            },
+            kt,
+        );
+        let moved = self.push(Node::SortPayload { sort: sorted }, pt);
+        (sorted, moved)
+    }
+
     pub fn rng_bits(&mut self, key: ValueId, dtype: DType, dims: &[i64]) -> ValueId {
         self.push(Node::RngBits { key }, TensorType::new(dtype, dims))
     }

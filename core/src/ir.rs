@@ -287,6 +287,27 @@ pub enum Node {
         high: Vec<i64>,
         interior: Vec<i64>,
     },
+    /// Reduces sliding windows with `op` (its identity as the initial value
+    /// and padding).
+    ReduceWindow {
+        operand: ValueId,
+        op: ReduceOp,
+        window: Vec<i64>,
+        strides: Vec<i64>,
+        padding: Vec<(i64, i64)>,
+    },
+    /// Sorts `keys` along `dim` (stable; NaN ordered as the largest), moving
+    /// `payload` (same shape) with it; the node's value is the sorted keys.
+    Sort {
+        keys: ValueId,
+        payload: ValueId,
+        dim: i64,
+        descending: bool,
+    },
+    /// The permuted payload of a `Sort` node.
+    SortPayload {
+        sort: ValueId,
+    },
     /// Uniformly random unsigned bits of the node's type, from a `ui64[2]`
     /// Threefry key (the generator's seed and offset).
     RngBits {

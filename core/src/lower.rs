@@ -137,6 +137,17 @@ pub fn literal_attr(literal: Literal, dtype: DType) -> String {
     }
 }
 
+fn reduce_combiner(op: ReduceOp) -> &'static str {
+    match op {
+        ReduceOp::Sum => "stablehlo.add",
+        ReduceOp::Prod => "stablehlo.multiply",
+        ReduceOp::Max => "stablehlo.maximum",
+        ReduceOp::Min => "stablehlo.minimum",
+        ReduceOp::And => "stablehlo.and",
+        ReduceOp::Or => "stablehlo.or",
+    }
+}
+
 fn reduce_identity(op: ReduceOp, dtype: DType) -> Literal {
     let float = matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
     match op {
@@ -252,14 +263,7 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
         ),
         Node::Reduce { operand, op: reduce, dims } => {
             let scalar = TensorType::new(ty.dtype, &[]);
-            let combiner = match reduce {
-                ReduceOp::Sum => "stablehlo.add",
-                ReduceOp::Prod => "stablehlo.multiply",
-                ReduceOp::Max => "stablehlo.maximum",
-                ReduceOp::Min => "stablehlo.minimum",
-                ReduceOp::And => "stablehlo.and",
-                ReduceOp::Or => "stablehlo.or",
-            };
+            let combiner = reduce_combiner(*reduce);
             let init = literal_attr(reduce_identity(*reduce, ty.dtype), ty.dtype);
             let operand_ty = graph.ty(*operand);
             let _ = writeln!(
@@ -387,6 +391,54 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
             ),
             ty,
         ),
+        Node::ReduceWindow { operand, op: reduce, window, strides, padding } => {
+            let scalar = TensorType::new(ty.dtype, &[]);
+            let init = literal_attr(reduce_identity(*reduce, ty.dtype), ty.dtype);
+            let pads: Vec<String> = padding.iter().map(|(lo, hi)| format!("[{lo}, {hi}]")).collect();
+            let _ = writeln!(
+                out,
+                "    %v{id}_init = \"stablehlo.constant\"() {{value = dense<{init}> : {scalar}}} : () -> {scalar}\n    \
+                 %v{id} = \"stablehlo.reduce_window\"(%v{operand}, %v{id}_init) ({{\n    \
+                 ^bb0(%a: {scalar}, %b: {scalar}):\n      \
+                 %r = \"{}\"(%a, %b) : ({scalar}, {scalar}) -> {scalar}\n      \
+                 \"stablehlo.return\"(%r) : ({scalar}) -> ()\n    \
+                 }}) {{window_dimensions = {}, window_strides = {}, padding = dense<[{}]> : tensor<{}x2xi64>}} : ({}, {scalar}) -> {ty}",
+                reduce_combiner(*reduce),
+                i64_array(window),
+                i64_array(strides),
+                pads.join(", "),
+                padding.len(),
+                graph.ty(*operand),
+            );
+        }
+        Node::Sort { keys, payload, dim, descending } => {
+            let key_ty = graph.ty(*keys);
+            let payload_ty = graph.ty(*payload);
+            let ks = TensorType::new(key_ty.dtype, &[]);
+            let ps = TensorType::new(payload_ty.dtype, &[]);
+            let direction = if *descending { "GT" } else { "LT" };
+            // TOTALORDER puts NaN above +inf, as torch.sort does.
+            let kind = if matches!(key_ty.dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64) {
+                "TOTALORDER"
+            } else if matches!(key_ty.dtype, DType::Bool | DType::U8 | DType::U16 | DType::U32 | DType::U64) {
+                "UNSIGNED"
+            } else {
+                "SIGNED"
+            };
+            let _ = writeln!(
+                out,
+                "    %v{id}, %v{id}_payload = \"stablehlo.sort\"(%v{keys}, %v{payload}) ({{\n    \
+                 ^bb0(%a: {ks}, %b: {ks}, %c: {ps}, %d: {ps}):\n      \
+                 %r = \"stablehlo.compare\"(%a, %b) {{comparison_direction = #stablehlo<comparison_direction {direction}>, \
+                 compare_type = #stablehlo<comparison_type {kind}>}} : ({ks}, {ks}) -> tensor<i1>\n      \
+                 \"stablehlo.return\"(%r) : (tensor<i1>) -> ()\n    \
+                 }}) {{dimension = {dim} : i64, is_stable = true}} : ({key_ty}, {payload_ty}) -> ({key_ty}, {payload_ty})"
+            );
+        }
+        Node::SortPayload { sort } => {
+            // A same-shape reshape names the sort's second result as a value.
+            let _ = writeln!(out, "    %v{id} = \"stablehlo.reshape\"(%v{sort}_payload) : ({ty}) -> {ty}");
+        }
         Node::RngBits { key } => {
             let key_ty = graph.ty(*key);
             let _ = writeln!(

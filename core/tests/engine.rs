@@ -805,3 +805,51 @@ fn remainder_follows_the_divisor_and_fmod_the_dividend() {
     let tr = call("aten::trunc", &[t(&f32_tensor(&[1.7, -1.7, 0.2], &[3]))]);
     assert_close(&read(&tr[0]), &[1.0, -1.0, 0.0], 0.0, 0.0);
 }
+
+#[test]
+fn sort_topk_cumsum_and_var() {
+    let x = f32_tensor(&[3.0, 1.0, 2.0, 1.0, f32::NAN, -1.0], &[2, 3]);
+    let s = call("aten::sort", &[t(&x), Arg::Int(1), Arg::Bool(false)]);
+    let v = read(&s[0]);
+    assert_eq!(&v[..3], &[1.0, 2.0, 3.0]);
+    assert_eq!(&v[3..5], &[-1.0, 1.0]);
+    assert!(v[5].is_nan(), "NaN sorts last ascending");
+    let idx: Vec<i64> = s[1]
+        .storage
+        .read_view(&s[1].view)
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(idx, vec![1, 2, 0, 2, 0, 1]);
+    let k = call(
+        "aten::topk",
+        &[
+            t(&f32_tensor(&[1.0, 5.0, 3.0, 5.0], &[4])),
+            Arg::Int(2),
+            Arg::Int(0),
+            Arg::Bool(true),
+            Arg::Bool(true),
+        ],
+    );
+    assert_close(&read(&k[0]), &[5.0, 5.0], 0.0, 0.0);
+    let c = call(
+        "aten::cumsum",
+        &[
+            t(&f32_tensor(&[1.0, 2.0, 3.0, 4.0], &[2, 2])),
+            Arg::Int(1),
+            Arg::None,
+        ],
+    );
+    assert_close(&read(&c[0]), &[1.0, 3.0, 3.0, 7.0], 0.0, 0.0);
+    let v = call(
+        "aten::var.correction",
+        &[
+            t(&f32_tensor(&[1.0, 2.0, 3.0, 4.0], &[4])),
+            Arg::None,
+            Arg::None,
+            Arg::Bool(false),
+        ],
+    );
+    assert_close(&read(&v[0]), &[5.0 / 3.0], 1e-6, 0.0);
+}
