@@ -355,6 +355,18 @@ impl<'a> Builder<'a> {
 
     /// A scalar argument as a 0-d device input of `dtype`: its value does not
     /// enter the program text, so new values do not recompile.
+    /// Host data (e.g. indices computed on the host) as a device input.
+    pub fn host_tensor(&mut self, bytes: Vec<u8>, dtype: DType, dims: &[i64]) -> ValueId {
+        self.param(
+            TensorType::new(dtype, dims),
+            ParamSource::Host {
+                bytes,
+                dtype,
+                dims: dims.to_vec(),
+            },
+        )
+    }
+
     pub fn scalar_input(&mut self, literal: Literal, dtype: DType) -> ValueId {
         let bytes = scalar_bytes(literal, dtype);
         self.param(
@@ -810,10 +822,22 @@ impl<'a> Builder<'a> {
         indices: ValueId,
         updates: ValueId,
     ) -> ValueId {
+        self.flat_scatter(flat, indices, updates, Some(crate::ir::ReduceOp::Sum))
+    }
+
+    /// `flat` (1-D) with `updates` stored at `indices` (an s64 tensor of the
+    /// updates' shape), or combined with `combine`.
+    pub fn flat_scatter(
+        &mut self,
+        flat: ValueId,
+        indices: ValueId,
+        updates: ValueId,
+        combine: Option<crate::ir::ReduceOp>,
+    ) -> ValueId {
         let ty = self.ty(flat).clone();
         self.push(
             Node::FlatScatter {
-                add: true,
+                combine,
                 operand: flat,
                 indices,
                 updates,
@@ -998,7 +1022,7 @@ impl<'a> Builder<'a> {
                 let ty = self.ty(flat).clone();
                 self.push(
                     Node::FlatScatter {
-                        add: false,
+                        combine: None,
                         operand: flat,
                         indices,
                         updates: value,
@@ -1144,6 +1168,14 @@ fn host_input(
     dims: &[i64],
 ) -> Result<Arc<Buffer>> {
     const MAX_ENTRIES: usize = 4096;
+    // Only scalars and tiny tensors repeat often enough to be worth keeping.
+    const MAX_CACHED_BYTES: usize = 64;
+    if bytes.len() > MAX_CACHED_BYTES {
+        H2D_BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        return Ok(Arc::new(
+            client.buffer_from_host(bytes, dtype, dims, device)?,
+        ));
+    }
     static CACHE: OnceLock<Mutex<HashMap<HostInputKey, Arc<Buffer>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let key = (

@@ -245,9 +245,9 @@ pub enum Node {
         indices: ValueId,
     },
     /// `operand` (1-D) with `operand[indices[i...]] = updates[i...]`, or
-    /// `+= updates[i...]` (duplicates accumulate) when `add`.
+    /// combined with `combine` (duplicates accumulate) when given.
     FlatScatter {
-        add: bool,
+        combine: Option<ReduceOp>,
         operand: ValueId,
         indices: ValueId,
         updates: ValueId,

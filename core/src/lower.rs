@@ -292,13 +292,15 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
                 ty,
             )
         }
-        Node::FlatScatter { add, operand, indices, updates } => {
+        Node::FlatScatter { combine, operand, indices, updates } => {
             let rank = graph.ty(*indices).rank();
             let scalar = TensorType::new(ty.dtype, &[]);
-            let combine = if *add {
-                format!("%sum = \"stablehlo.add\"(%old, %new) : ({scalar}, {scalar}) -> {scalar}\n      \"stablehlo.return\"(%sum)")
-            } else {
-                "\"stablehlo.return\"(%new)".to_string()
+            let combine = match combine {
+                Some(op) => format!(
+                    "%sum = \"{}\"(%old, %new) : ({scalar}, {scalar}) -> {scalar}\n      \"stablehlo.return\"(%sum)",
+                    reduce_combiner(*op)
+                ),
+                None => "\"stablehlo.return\"(%new)".to_string(),
             };
             let _ = writeln!(
                 out,

@@ -853,3 +853,53 @@ fn sort_topk_cumsum_and_var() {
     );
     assert_close(&read(&v[0]), &[5.0 / 3.0], 1e-6, 0.0);
 }
+
+#[test]
+fn advanced_indexing_and_scatter() {
+    // x[[2, 0], :] and x[:, [1, 1]] on a 3x2 tensor.
+    let x = f32_tensor(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], &[3, 2]);
+    let rows = i64_tensor(&[2, 0], &[2]);
+    let out = call(
+        "aten::index.Tensor",
+        &[t(&x), Arg::TensorList(vec![Some(rows.clone())])],
+    );
+    assert_eq!(out[0].view.sizes, vec![2, 2]);
+    assert_close(&read(&out[0]), &[4.0, 5.0, 0.0, 1.0], 0.0, 0.0);
+    let cols = i64_tensor(&[1, -1], &[2]);
+    let out = call(
+        "aten::index.Tensor",
+        &[t(&x), Arg::TensorList(vec![None, Some(cols)])],
+    );
+    assert_close(&read(&out[0]), &[1.0, 1.0, 3.0, 3.0, 5.0, 5.0], 0.0, 0.0);
+    // index_put_ with accumulate and a repeated index.
+    let idx = i64_tensor(&[1, 1], &[2]);
+    let vals = f32_tensor(&[10.0, 20.0, 30.0, 40.0], &[2, 2]);
+    call(
+        "aten::index_put_",
+        &[
+            t(&x),
+            Arg::TensorList(vec![Some(idx)]),
+            t(&vals),
+            Arg::Bool(true),
+        ],
+    );
+    assert_close(&read(&x), &[0.0, 1.0, 42.0, 63.0, 4.0, 5.0], 0.0, 0.0);
+    // scatter_add along dim 1.
+    let base = f32_tensor(&[0.0; 6], &[2, 3]);
+    let sidx = i64_tensor(&[0, 2, 2, 1], &[2, 2]);
+    let src = f32_tensor(&[1.0, 2.0, 3.0, 4.0], &[2, 2]);
+    let out = call(
+        "aten::scatter_add",
+        &[t(&base), Arg::Int(1), t(&sidx), t(&src)],
+    );
+    assert_close(&read(&out[0]), &[1.0, 0.0, 2.0, 0.0, 4.0, 3.0], 0.0, 0.0);
+    let bad = i64_tensor(&[0, 3], &[1, 2]);
+    let err = engine::call(
+        common::cpu_client(),
+        op("aten::scatter_add"),
+        &[t(&base), Arg::Int(1), t(&bad), t(&src)],
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("out of bounds"), "{err}");
+}

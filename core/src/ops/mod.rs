@@ -8,6 +8,7 @@
 mod activation;
 mod conv;
 mod foreach;
+mod index;
 mod linalg;
 mod math;
 mod misc;
@@ -46,6 +47,7 @@ pub fn table() -> &'static [OpDef] {
         all.extend(conv::ops());
         all.extend(pool::ops());
         all.extend(math::ops());
+        all.extend(index::ops());
         all
     })
 }
