@@ -248,7 +248,11 @@ impl Storage {
         };
         match value {
             StorageValue::Zeros => Ok(vec![0u8; nbytes]),
-            StorageValue::Buffer { buffer, .. } => buffer.to_host(),
+            StorageValue::Buffer { buffer, .. } => {
+                crate::engine::D2H_BYTES
+                    .fetch_add(nbytes as u64, std::sync::atomic::Ordering::Relaxed);
+                buffer.to_host()
+            }
         }
     }
 
@@ -258,6 +262,8 @@ impl Storage {
         if bytes.len() != self.nbytes() {
             return Err(Error::invalid("storage bytes", self.nbytes(), bytes.len()));
         }
+        crate::engine::H2D_BYTES
+            .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let buffer =
             self.client
                 .buffer_from_host(bytes, dtype, &[elements as i64], &self.device)?;

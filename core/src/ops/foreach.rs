@@ -262,6 +262,8 @@ pub(super) fn ops() -> Vec<OpDef> {
     binary_family!(ops, BinaryOp::Mul, "mul");
     binary_family!(ops, BinaryOp::Div, "div");
     binary_family!(ops, BinaryOp::Max, "maximum");
+    // ATen defines the one-tensor (.Tensor) overload only for add, mul and div.
+    ops.retain(|o| !matches!(o.name, n if n.ends_with(".Tensor") && (n.contains("_sub") || n.contains("_maximum"))));
     ops.extend([
         op("aten::_foreach_addcmul_.Scalar", |b| {
             addc(b, false, Other::Scalar)
