@@ -351,9 +351,37 @@ fn hardswish_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     e.select(low, zero, v)
 }
 
+/// tanh_backward(grad, output) = grad (1 - y²); sigmoid_backward(grad,
+/// output) = grad y (1 - y): both from the forward's output.
+fn output_backward(b: &mut Builder, tanh: bool) -> Result<()> {
+    let (y, dtype, dims) = float_input(b, 1)?;
+    let g = b.tensor(0)?;
+    let g = b.convert(g, dtype);
+    let g = b.broadcast_to(g, &dims)?;
+    let e = &mut Ew { b, dims, dtype };
+    let one = e.c(1.0);
+    let d = if tanh {
+        let y2 = e.mul(y, y)?;
+        e.sub(one, y2)?
+    } else {
+        let omy = e.sub(one, y)?;
+        e.mul(y, omy)?
+    };
+    let out = e.mul(g, d)?;
+    b.output(out)
+}
+
 pub(super) fn ops() -> Vec<OpDef> {
     use Form::{Functional as F, InPlace as I};
     vec![
+        op("aten::tanh_backward", |b| output_backward(b, true)),
+        op("aten::tanh_backward.grad_input", |b| {
+            output_backward(b, true)
+        }),
+        op("aten::sigmoid_backward", |b| output_backward(b, false)),
+        op("aten::sigmoid_backward.grad_input", |b| {
+            output_backward(b, false)
+        }),
         op("aten::gelu", |b| gelu(b, F)),
         op("aten::gelu.out", |b| gelu(b, F)),
         op("aten::gelu_", |b| gelu(b, I)),

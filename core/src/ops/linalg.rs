@@ -1,5 +1,6 @@
 //! Matrix products: mm, addmm, bmm.
 
+use super::reduce::accumulate_dtype;
 use super::{finish, op, Form, OpDef};
 use crate::engine::Builder;
 use crate::error::{Error, Result};
@@ -28,17 +29,29 @@ fn matrices(b: &mut Builder, lhs: usize, rhs: usize, rank: usize) -> Result<(Val
     Ok((b.tensor(lhs)?, b.tensor(rhs)?))
 }
 
+/// A matrix product accumulated in float32 for 16-bit inputs (as ATen
+/// does), rounded to the input dtype.
+fn product(
+    b: &mut Builder,
+    x: ValueId,
+    y: ValueId,
+    batch: (&[i64], &[i64]),
+    contract: (&[i64], &[i64]),
+) -> Result<ValueId> {
+    let dtype = b.dtype(x);
+    let out = b.dot(x, y, batch, contract, accumulate_dtype(dtype))?;
+    Ok(b.convert(out, dtype))
+}
+
 fn mm(b: &mut Builder) -> Result<()> {
     let (x, y) = matrices(b, 0, 1, 2)?;
-    let dtype = b.dtype(x);
-    let out = b.dot(x, y, (&[], &[]), (&[1], &[0]), dtype)?;
+    let out = product(b, x, y, (&[], &[]), (&[1], &[0]))?;
     b.output(out)
 }
 
 fn bmm(b: &mut Builder) -> Result<()> {
     let (x, y) = matrices(b, 0, 1, 3)?;
-    let dtype = b.dtype(x);
-    let out = b.dot(x, y, (&[0], &[0]), (&[2], &[1]), dtype)?;
+    let out = product(b, x, y, (&[0], &[0]), (&[2], &[1]))?;
     b.output(out)
 }
 
@@ -47,7 +60,7 @@ fn bmm(b: &mut Builder) -> Result<()> {
 fn addmm(b: &mut Builder, form: Form) -> Result<()> {
     let (x, y) = matrices(b, 1, 2, 2)?;
     let dtype = b.dtype(x);
-    let mut out = b.dot(x, y, (&[], &[]), (&[1], &[0]), dtype)?;
+    let mut out = product(b, x, y, (&[], &[]), (&[1], &[0]))?;
     let dims = b.dims(out);
     if b.num_args() > 4 && !matches!(b.arg(4)?, crate::engine::Arg::Int(1)) {
         let alpha = b.scalar_arg(4, dtype)?;

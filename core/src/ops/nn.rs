@@ -36,17 +36,19 @@ fn softmax_input(b: &mut Builder) -> Result<(ValueId, usize, Vec<i64>)> {
         view.sizes.clone()
     };
     let x = b.reshape(x, &work)?;
-    let half_to_float = b.bool_arg(2)?;
-    let x = if half_to_float {
-        b.convert(x, DType::F32)
-    } else {
-        x
-    };
     Ok((x, dim, view.sizes))
 }
 
 fn softmax(b: &mut Builder, log: bool) -> Result<()> {
+    let input_dtype = b.tensor_arg(0)?.view.dtype;
+    let out_dtype = if b.bool_arg(2)? {
+        DType::F32
+    } else {
+        input_dtype
+    };
     let (x, dim, sizes) = softmax_input(b)?;
+    // 16-bit inputs compute in float32, as ATen's CPU kernels do.
+    let x = b.convert(x, super::reduce::accumulate_dtype(input_dtype));
     let m = reduce_keep(b, x, ReduceOp::Max, dim);
     let shifted = b.binary(BinaryOp::Sub, x, m)?;
     let e = b.unary(UnaryOp::Exp, shifted);
@@ -57,6 +59,7 @@ fn softmax(b: &mut Builder, log: bool) -> Result<()> {
     } else {
         b.binary(BinaryOp::Div, e, s)?
     };
+    let out = b.convert(out, out_dtype);
     let out = b.reshape(out, &sizes)?;
     b.output(out)
 }

@@ -72,18 +72,30 @@ fn sum_mean(
         Some(i) => b.bool_arg(i)?,
         None => false,
     };
+    // 16-bit floats accumulate in float32, as ATen's CPU kernels do.
+    let acc = accumulate_dtype(dtype);
     let x = b.tensor(0)?;
-    let x = b.convert(x, dtype);
+    let x = b.convert(x, acc);
     let mut out = b.reduce(x, ReduceOp::Sum, &dims);
     if mean {
         let count: i64 = dims.iter().map(|&d| input.sizes[d as usize]).product();
-        let n = b.constant(Literal::Int(count), dtype, &b.dims(out));
+        let n = b.constant(Literal::Int(count), acc, &b.dims(out));
         out = b.binary(BinaryOp::Div, out, n)?;
     }
+    let mut out = b.convert(out, dtype);
     if keepdim {
         out = keep_dims(b, out, &input.sizes, &dims)?;
     }
     b.output(out)
+}
+
+/// The dtype sums accumulate in: float32 for 16-bit floats.
+pub(super) fn accumulate_dtype(dtype: DType) -> DType {
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        DType::F32
+    } else {
+        dtype
+    }
 }
 
 fn amax_amin(b: &mut Builder, op: ReduceOp) -> Result<()> {
