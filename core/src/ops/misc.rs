@@ -360,6 +360,57 @@ fn normal(b: &mut Builder) -> Result<()> {
     b.write_arg(0, out)
 }
 
+/// random_.from(self, from, to?, *, generator), random_.to(self, to, *,
+/// generator) and random_(self, *, generator): integers uniform in
+/// [from, to), `from` 0 when absent and `to` up to the dtype's largest
+/// exactly representable value, as in torch.
+fn random(
+    b: &mut Builder,
+    from_index: Option<usize>,
+    to_index: Option<usize>,
+    generator: usize,
+) -> Result<()> {
+    let view = b.tensor_arg(0)?.view.clone();
+    let from = match from_index {
+        Some(i) => b.int_arg(i)?,
+        None => 0,
+    };
+    let to = match to_index.map(|i| b.opt_int_arg(i)).transpose()?.flatten() {
+        Some(t) => t,
+        None => match view.dtype {
+            DType::Bool => 2,
+            DType::I8 => i8::MAX as i64 + 1,
+            DType::U8 => u8::MAX as i64 + 1,
+            DType::I16 => i16::MAX as i64 + 1,
+            DType::I32 => i32::MAX as i64 + 1,
+            DType::F16 => 1 << 11,
+            DType::BF16 => 1 << 8,
+            DType::F32 => 1 << 24,
+            DType::F64 => 1 << 53,
+            _ => i64::MAX,
+        },
+    };
+    if to <= from {
+        return Err(Error::invalid(
+            "aten::random_: range",
+            "from < to",
+            format!("from={from} to={to}"),
+        ));
+    }
+    let (seed, offset) = match b.arg(generator)? {
+        Arg::Generator { seed, offset } => (*seed, *offset),
+        other => return Err(b.arg_error(generator, "a Generator", other.kind())),
+    };
+    let key = b.rng_key(seed, offset);
+    let bits = b.rng_bits(key, DType::U64, &view.sizes);
+    let range = b.constant(Literal::Int(to.wrapping_sub(from)), DType::U64, &view.sizes);
+    let r = b.binary(BinaryOp::Rem, bits, range)?;
+    let r = b.convert(r, DType::I64);
+    let f = b.constant(Literal::Int(from), DType::I64, &view.sizes);
+    let out = b.binary(BinaryOp::Add, r, f)?;
+    b.write_arg(0, out)
+}
+
 pub(super) fn ops() -> Vec<OpDef> {
     vec![
         op("aten::cat", cat),
@@ -371,5 +422,8 @@ pub(super) fn ops() -> Vec<OpDef> {
         op("aten::arange.start_out", arange),
         op("aten::uniform_", uniform),
         op("aten::normal_", normal),
+        op("aten::random_.from", |b| random(b, Some(1), Some(2), 3)),
+        op("aten::random_.to", |b| random(b, None, Some(1), 2)),
+        op("aten::random_", |b| random(b, None, None, 1)),
     ]
 }
