@@ -411,6 +411,132 @@ fn random(
     b.write_arg(0, out)
 }
 
+/// bernoulli_.float(self, p, *, generator) / bernoulli_.Tensor(self, p,
+/// *, generator) / bernoulli(self, *, generator) (probabilities from self) /
+/// bernoulli.p(self, p, *, generator): 1 with probability p, else 0.
+fn bernoulli(
+    b: &mut Builder,
+    p_index: Option<usize>,
+    generator: usize,
+    in_place: bool,
+) -> Result<()> {
+    let view = b.tensor_arg(0)?.view.clone();
+    let dims = view.sizes.clone();
+    let u = uniform01(b, generator, DType::F32, &dims)?;
+    let p = match p_index {
+        Some(i) if b.is_scalar(i) => {
+            let prob = b.float_arg(i)?;
+            if !(0.0..=1.0).contains(&prob) {
+                return Err(b.arg_error(i, "a probability in [0, 1]", prob));
+            }
+            let p = b.scalar_arg(i, DType::F32)?;
+            b.broadcast_to(p, &dims)?
+        }
+        Some(i) => {
+            let p = b.tensor(i)?;
+            let p = b.convert(p, DType::F32);
+            b.broadcast_to(p, &dims)?
+        }
+        None => {
+            let p = b.tensor(0)?;
+            b.convert(p, DType::F32)
+        }
+    };
+    let hit = b.compare(crate::ir::CompareDir::Lt, u, p)?;
+    let out = b.convert(hit, view.dtype);
+    if in_place {
+        b.write_arg(0, out)
+    } else {
+        b.output(out)
+    }
+}
+
+/// native_dropout_backward(grad_output, mask, scale) = grad * mask * scale.
+fn dropout_backward(b: &mut Builder) -> Result<()> {
+    let g = b.tensor(0)?;
+    let dtype = b.dtype(g);
+    let dims = b.dims(g);
+    let m = b.tensor(1)?;
+    let m = b.convert(m, dtype);
+    let m = b.broadcast_to(m, &dims)?;
+    let s = b.scalar_arg(2, dtype)?;
+    let s = b.broadcast_to(s, &dims)?;
+    let gm = b.binary(BinaryOp::Mul, g, m)?;
+    let out = b.binary(BinaryOp::Mul, gm, s)?;
+    b.output(out)
+}
+
+/// linspace(start, end, steps, *, out): ATen's two-sided formula (from the
+/// start for the first half, from the end for the rest), in out's dtype.
+fn linspace(b: &mut Builder) -> Result<()> {
+    let steps = b.int_arg(2)?;
+    if steps < 0 {
+        return Err(b.arg_error(2, "steps >= 0", steps));
+    }
+    let dtype = b.tensor_arg(3)?.view.dtype;
+    let work = if is_float(dtype) { dtype } else { DType::F64 };
+    let (start, end) = (b.float_arg(0)?, b.float_arg(1)?);
+    let n = [steps];
+    let step = if steps > 1 {
+        (end - start) / (steps - 1) as f64
+    } else {
+        0.0
+    };
+    let i = b.iota(work, &n, 0);
+    let s = b.scalar_input(Literal::Float(start), work);
+    let s = b.broadcast_to(s, &n)?;
+    let e = b.scalar_input(Literal::Float(end), work);
+    let e = b.broadcast_to(e, &n)?;
+    let st = b.scalar_input(Literal::Float(step), work);
+    let st = b.broadcast_to(st, &n)?;
+    let from_start = b.binary(BinaryOp::Mul, i, st)?;
+    let from_start = b.binary(BinaryOp::Add, s, from_start)?;
+    let last = b.constant(Literal::Int(steps - 1), work, &n);
+    let back = b.binary(BinaryOp::Sub, last, i)?;
+    let from_end = b.binary(BinaryOp::Mul, back, st)?;
+    let from_end = b.binary(BinaryOp::Sub, e, from_end)?;
+    let half = b.constant(Literal::Int(steps / 2), work, &n);
+    let first_half = b.compare(crate::ir::CompareDir::Lt, i, half)?;
+    let out = b.select(first_half, from_start, from_end)?;
+    let out = b.convert(out, dtype);
+    b.output(out)
+}
+
+/// isinf / isposinf / isneginf / isfinite.
+fn classify(b: &mut Builder) -> Result<()> {
+    let name = b
+        .op_name()
+        .trim_start_matches("aten::")
+        .split('.')
+        .next()
+        .unwrap_or("");
+    let name = name.to_string();
+    let x = b.tensor(0)?;
+    let dims = b.dims(x);
+    let dtype = b.dtype(x);
+    if !is_float(dtype) {
+        let all = name == "isfinite";
+        let out = b.constant(Literal::Bool(all), DType::Bool, &dims);
+        return b.output(out);
+    }
+    let inf = b.constant(Literal::Float(f64::INFINITY), dtype, &dims);
+    let ninf = b.constant(Literal::Float(f64::NEG_INFINITY), dtype, &dims);
+    let out = match name.as_str() {
+        "isposinf" => b.compare(crate::ir::CompareDir::Eq, x, inf)?,
+        "isneginf" => b.compare(crate::ir::CompareDir::Eq, x, ninf)?,
+        "isinf" => {
+            let a = b.unary(UnaryOp::Abs, x);
+            b.compare(crate::ir::CompareDir::Eq, a, inf)?
+        }
+        _ => {
+            // Finite: |x| < inf (false for NaN).
+            let a = b.unary(UnaryOp::Abs, x);
+            b.compare(crate::ir::CompareDir::Lt, a, inf)?
+        }
+    };
+    b.output(out)
+}
+
 pub(super) fn ops() -> Vec<OpDef> {
     vec![
         op("aten::cat", cat),
@@ -420,10 +546,24 @@ pub(super) fn ops() -> Vec<OpDef> {
         op("aten::gather", gather),
         op("aten::gather.out", gather),
         op("aten::arange.start_out", arange),
+        op("aten::linspace.out", linspace),
+        op("aten::isinf", classify),
+        op("aten::isposinf", classify),
+        op("aten::isposinf.out", classify),
+        op("aten::isneginf", classify),
+        op("aten::isneginf.out", classify),
+        op("aten::isfinite", classify),
         op("aten::uniform_", uniform),
         op("aten::normal_", normal),
         op("aten::random_.from", |b| random(b, Some(1), Some(2), 3)),
         op("aten::random_.to", |b| random(b, None, Some(1), 2)),
         op("aten::random_", |b| random(b, None, None, 1)),
+        op("aten::bernoulli_.float", |b| bernoulli(b, Some(1), 2, true)),
+        op("aten::bernoulli_.Tensor", |b| {
+            bernoulli(b, Some(1), 2, true)
+        }),
+        op("aten::bernoulli", |b| bernoulli(b, None, 1, false)),
+        op("aten::bernoulli.p", |b| bernoulli(b, Some(1), 2, false)),
+        op("aten::native_dropout_backward", dropout_backward),
     ]
 }

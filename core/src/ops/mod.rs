@@ -17,6 +17,7 @@ mod norm;
 mod pointwise;
 mod pool;
 mod reduce;
+mod resample;
 
 use std::sync::OnceLock;
 
@@ -48,6 +49,7 @@ pub fn table() -> &'static [OpDef] {
         all.extend(pool::ops());
         all.extend(math::ops());
         all.extend(index::ops());
+        all.extend(resample::ops());
         all
     })
 }

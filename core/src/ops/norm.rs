@@ -356,6 +356,118 @@ fn batch_norm_backward(b: &mut Builder) -> Result<()> {
     Ok(())
 }
 
+/// Group-norm geometry from (N, C, HxW, group) at `first`.
+fn group_geometry(b: &Builder, first: usize) -> Result<(i64, i64, i64, i64)> {
+    let (n, c, hw, g) = (
+        b.int_arg(first)?,
+        b.int_arg(first + 1)?,
+        b.int_arg(first + 2)?,
+        b.int_arg(first + 3)?,
+    );
+    if g < 1 || c % g != 0 {
+        return Err(b.arg_error(
+            first + 3,
+            format!("a group count dividing the {c} channels"),
+            g,
+        ));
+    }
+    Ok((n, c, hw, g))
+}
+
+/// native_group_norm(input, weight?, bias?, N, C, HxW, group, eps) ->
+/// (out, mean [N, G], rstd [N, G]).
+fn group_norm(b: &mut Builder) -> Result<()> {
+    let (x, dtype, dims) = float_arg(b, 0)?;
+    let (n, c, hw, g) = group_geometry(b, 3)?;
+    let cd = compute_dtype(dtype);
+    let x = b.convert(x, cd);
+    let grouped = b.reshape(x, &[n, g, c / g * hw])?;
+    let mean = mean_keep(b, grouped, &[2])?;
+    let centered = sub(b, grouped, mean)?;
+    let sq = mul(b, centered, centered)?;
+    let var = mean_keep(b, sq, &[2])?;
+    let rstd = inv_std(b, var, 7)?;
+    let normed = mul(b, centered, rstd)?;
+    let mut y = b.reshape(normed, &[n, c, hw])?;
+    if let Some(w) = optional(b, 1, cd, &[c])? {
+        let w = b.broadcast_in_dim(w, &[n, c, hw], &[1]);
+        y = mul(b, y, w)?;
+    }
+    if let Some(bias) = optional(b, 2, cd, &[c])? {
+        let bias = b.broadcast_in_dim(bias, &[n, c, hw], &[1]);
+        y = add(b, y, bias)?;
+    }
+    let y = b.reshape(y, &dims)?;
+    let y = b.convert(y, dtype);
+    b.output(y)?;
+    for stat in [mean, rstd] {
+        let s = b.slice(stat, &[0, 0, 0], &[n, g, 1], &[1, 1, 1]);
+        let s = b.reshape(s, &[n, g])?;
+        let s = b.convert(s, dtype);
+        b.output(s)?;
+    }
+    Ok(())
+}
+
+/// native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C,
+/// HxW, group, output_mask).
+fn group_norm_backward(b: &mut Builder) -> Result<()> {
+    let (x, dtype, dims) = float_arg(b, 1)?;
+    let (n, c, hw, g) = group_geometry(b, 5)?;
+    let mask = output_mask(b, 9)?;
+    let cd = compute_dtype(dtype);
+    let d = c / g * hw;
+    let gy = b.tensor(0)?;
+    let gy = b.convert(gy, cd);
+    let gy = b.reshape(gy, &[n, c, hw])?;
+    let x = b.convert(x, cd);
+    let xg = b.reshape(x, &[n, g, d])?;
+    let mean =
+        optional(b, 2, cd, &[n, g])?.ok_or_else(|| b.arg_error(2, "the forward's mean", "None"))?;
+    let rstd =
+        optional(b, 3, cd, &[n, g])?.ok_or_else(|| b.arg_error(3, "the forward's rstd", "None"))?;
+    let mean = b.broadcast_in_dim(mean, &[n, g, d], &[0, 1]);
+    let rstd = b.broadcast_in_dim(rstd, &[n, g, d], &[0, 1]);
+    let centered = sub(b, xg, mean)?;
+    let xhat = mul(b, centered, rstd)?;
+    let xhat_c = b.reshape(xhat, &[n, c, hw])?;
+    let weight = optional(b, 4, cd, &[c])?;
+    if mask[0] {
+        let gw = match weight {
+            Some(w) => {
+                let w = b.broadcast_in_dim(w, &[n, c, hw], &[1]);
+                mul(b, gy, w)?
+            }
+            None => gy,
+        };
+        let gw = b.reshape(gw, &[n, g, d])?;
+        let a = mean_keep(b, gw, &[2])?;
+        let gx = mul(b, gw, xhat)?;
+        let m = mean_keep(b, gx, &[2])?;
+        let xm = mul(b, xhat, m)?;
+        let t = sub(b, gw, a)?;
+        let t = sub(b, t, xm)?;
+        let gi = mul(b, rstd, t)?;
+        let gi = b.reshape(gi, &dims)?;
+        let gi = b.convert(gi, dtype);
+        b.output(gi)?;
+    } else {
+        b.none_output();
+    }
+    let param_dtype = b.opt_tensor_arg(4)?.map(|t| t.view.dtype).unwrap_or(dtype);
+    for k in [1usize, 2] {
+        if mask[k] {
+            let term = if k == 1 { mul(b, gy, xhat_c)? } else { gy };
+            let s = b.reduce(term, ReduceOp::Sum, &[0, 2]);
+            let s = b.convert(s, param_dtype);
+            b.output(s)?;
+        } else {
+            b.none_output();
+        }
+    }
+    Ok(())
+}
+
 /// embedding_dense_backward(grad_output, indices, num_weights, padding_idx,
 /// scale_grad_by_freq): rows of grad scatter-added at their indices.
 fn embedding_dense_backward(b: &mut Builder) -> Result<()> {
@@ -408,5 +520,7 @@ pub(super) fn ops() -> Vec<OpDef> {
         op("aten::native_batch_norm", batch_norm),
         op("aten::native_batch_norm_backward", batch_norm_backward),
         op("aten::embedding_dense_backward", embedding_dense_backward),
+        op("aten::native_group_norm", group_norm),
+        op("aten::native_group_norm_backward", group_norm_backward),
     ]
 }
