@@ -123,7 +123,7 @@ fn same_dtype_unary(b: &mut Builder) -> Result<()> {
             "ceil" => b.unary(UnaryOp::Ceil, x),
             "round" => b.unary(UnaryOp::RoundNearestEven, x),
             "sign" | "sgn" => b.unary(UnaryOp::Sign, x),
-            "trunc" | "fix" | "frac" => {
+            "trunc" | "frac" => {
                 let a = b.unary(UnaryOp::Abs, x);
                 let f = b.unary(UnaryOp::Floor, a);
                 let s = b.unary(UnaryOp::Sign, x);

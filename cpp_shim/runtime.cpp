@@ -1,0 +1,81 @@
+// The one rtpu runtime of the process, opened lazily from $RTPU_PLUGIN.
+
+#include "rtpu_torch.h"
+
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+
+namespace rtpu_torch {
+namespace {
+
+std::mutex g_open_mutex;
+std::atomic<const rtpu_runtime*> g_runtime{nullptr};
+
+} // namespace
+
+void check(rtpu_error* error) {
+  if (error == nullptr) {
+    return;
+  }
+  const uint32_t code = rtpu_error_code(error);
+  std::string message = rtpu_error_message(error);
+  rtpu_error_destroy(error);
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      code != RTPU_ERROR_CODE_UNIMPLEMENTED, "rtpu: ", message);
+  TORCH_CHECK(false, "rtpu: ", message);
+}
+
+const rtpu_runtime* runtime() {
+  if (const rtpu_runtime* rt = g_runtime.load(std::memory_order_acquire)) {
+    return rt;
+  }
+  std::lock_guard<std::mutex> lock(g_open_mutex);
+  if (const rtpu_runtime* rt = g_runtime.load(std::memory_order_acquire)) {
+    return rt;
+  }
+  TORCH_CHECK(
+      rtpu_abi_version() == RTPU_ABI_VERSION,
+      "rtpu: librtpu.so has ABI version ",
+      rtpu_abi_version(),
+      " but librtpu_torch.so was built against ",
+      RTPU_ABI_VERSION,
+      "; rebuild the shim (scripts/build-shim)");
+  rtpu_runtime_open_args args{};
+  args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
+  args.plugin_path = nullptr; // $RTPU_PLUGIN
+  rtpu_runtime* rt = nullptr;
+  check(rtpu_runtime_open(&args, &rt));
+  // Never released: storages and generators may outlive any owner we could
+  // name, and the plugin stays loaded for the process anyway.
+  g_runtime.store(rt, std::memory_order_release);
+  return rt;
+}
+
+bool runtime_initialized() noexcept {
+  return g_runtime.load(std::memory_order_acquire) != nullptr;
+}
+
+c10::DeviceIndex device_count() noexcept {
+  try {
+    return static_cast<c10::DeviceIndex>(
+        rtpu_runtime_device_count(runtime()));
+  } catch (...) {
+    return 0;
+  }
+}
+
+void check_device_index(c10::DeviceIndex index) {
+  const auto count = rtpu_runtime_device_count(runtime());
+  TORCH_CHECK(
+      index >= 0 && static_cast<size_t>(index) < count,
+      "rtpu: device index ",
+      static_cast<int>(index),
+      " is out of range; there are ",
+      count,
+      " tpu devices");
+}
+
+} // namespace rtpu_torch

@@ -1,0 +1,30 @@
+"""Shared setup: the `tpu` device, whether or not autoload is enabled."""
+
+import pytest
+import torch
+
+import rtpu  # noqa: F401  (registers the device when autoload is off)
+
+# Explicit per-dtype tolerances for results computed by XLA against the same
+# computation on the CPU (summation order and fused ops may differ).
+TOLERANCES = {
+    torch.float16: {"rtol": 1e-3, "atol": 1e-3},
+    torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2},
+    torch.float32: {"rtol": 1e-5, "atol": 1e-5},
+    torch.float64: {"rtol": 1e-12, "atol": 1e-12},
+}
+
+
+def assert_matches_cpu(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """`actual` (a tpu tensor) equals the CPU result within its dtype's tolerance."""
+    assert actual.device.type == "tpu"
+    assert actual.dtype == expected.dtype
+    assert actual.shape == expected.shape
+    tolerance = TOLERANCES.get(expected.dtype, {"rtol": 0, "atol": 0})
+    torch.testing.assert_close(actual.cpu(), expected, **tolerance)
+
+
+@pytest.fixture
+def two_devices():
+    if torch.tpu.device_count() < 2:
+        pytest.skip("needs two tpu devices")

@@ -1,0 +1,345 @@
+"""Every op of the MLP set on 'tpu' against PyTorch on CPU: fresh random
+inputs, explicit per-dtype tolerances, non-contiguous inputs, broadcasting,
+in-place writes, and gradients through autograd."""
+
+import pytest
+import torch
+
+import rtpu
+
+DEVICE = "tpu"
+
+# (rtol, atol) per dtype: fp32 allows XLA's transcendental approximations,
+# the 16-bit types their rounding of intermediate results.
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-6),
+    torch.float64: (1e-12, 1e-12),
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float16: (1e-3, 1e-3),
+    torch.int64: (0, 0),
+    torch.int32: (0, 0),
+    torch.bool: (0, 0),
+}
+
+
+def assert_same(got, want, tolerances=TOLERANCES):
+    """`got` (tpu) equals `want` (cpu) within the dtype's tolerance."""
+    assert got.device.type == DEVICE, got.device
+    got = got.cpu()
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    rtol, atol = tolerances.get(want.dtype, (1e-5, 1e-6))
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def rand(*shape, dtype=torch.float32, low=-2.0, high=2.0):
+    if dtype.is_floating_point:
+        return (torch.rand(*shape, dtype=torch.float64) * (high - low) + low).to(dtype)
+    if dtype == torch.bool:
+        return torch.rand(*shape) > 0.5
+    return torch.randint(int(low) * 5, int(high) * 5 + 1, shape, dtype=dtype)
+
+
+def on_both(fn, *cpu_args):
+    """Runs `fn` on the CPU arguments and on their tpu copies."""
+    tpu_args = [a.to(DEVICE) if isinstance(a, torch.Tensor) else a for a in cpu_args]
+    return fn(*tpu_args), fn(*cpu_args)
+
+
+FLOAT_DTYPES = [torch.float32, torch.bfloat16, torch.float64]
+
+BINARY = {
+    "add": lambda a, b: a + b,
+    "add_alpha": lambda a, b: torch.add(a, b, alpha=-2),
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "pow": lambda a, b: torch.pow(a.abs() + 0.5, b),
+    "eq": torch.eq,
+    "ne": torch.ne,
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.int64])
+def test_binary_broadcasting(name, dtype):
+    if dtype == torch.int64 and name in ("pow", "div_trunc", "div_floor"):
+        pytest.skip("integer pow/rounding division are covered separately")
+    a, b = rand(4, 3, dtype=dtype), rand(3, dtype=dtype)
+    if name.startswith("div"):
+        b = torch.where(b == 0, torch.ones_like(b), b)
+    got, want = on_both(BINARY[name], a, b)
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("name", ["add", "mul", "div", "sub"])
+def test_binary_with_python_scalars_and_promotion(name):
+    fn = BINARY[name]
+    ints = rand(5, dtype=torch.int64)
+    floats = rand(5)
+    for args in [(ints, 2), (ints, 2.5), (floats, 3), (2.5, floats), (ints, floats), (floats.to(torch.bfloat16), floats)]:
+        got, want = on_both(fn, *args)
+        assert_same(got, want)
+
+
+def test_integer_rounding_division():
+    a = torch.tensor([7, -7, 9, -9, 0])
+    b = torch.tensor([2, 2, -4, -4, 3])
+    for mode in ("trunc", "floor"):
+        got, want = on_both(lambda x, y: torch.div(x, y, rounding_mode=mode), a, b)
+        assert_same(got, want)
+
+
+UNARY = {
+    "neg": torch.neg,
+    "exp": torch.exp,
+    "log": lambda x: torch.log(x.abs() + 0.1),
+    "sqrt": lambda x: torch.sqrt(x.abs()),
+    "rsqrt": lambda x: torch.rsqrt(x.abs() + 0.1),
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "relu": torch.relu,
+    "abs": torch.abs,
+    "clamp": lambda x: torch.clamp(x, -0.5, 0.7),
+    "clamp_min": lambda x: torch.clamp(x, min=0.1),
+    "square": lambda x: x**2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_unary_on_non_contiguous_input(name, dtype):
+    x = rand(5, 6, dtype=dtype).t()  # a transposed view
+    assert not x.is_contiguous()
+    got, want = on_both(UNARY[name], x)
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("name", ["exp", "sqrt", "tanh", "sigmoid", "relu", "neg", "abs"])
+def test_unary_in_place_and_out(name):
+    x = rand(8).abs() + 0.1
+    inplace = getattr(torch.Tensor, name + "_")
+    t = x.to(DEVICE)
+    inplace(t)
+    assert_same(t, inplace(x.clone()))
+    if name == "relu":
+        return  # torch.relu has no out= form
+    out = torch.empty(0, device=DEVICE)
+    getattr(torch, name)(x.to(DEVICE), out=out)
+    assert_same(out, getattr(torch, name)(x))
+
+
+def test_in_place_writes_through_views():
+    x = rand(3, 4)
+    t = x.to(DEVICE)
+    t[:, 1].add_(1)
+    x[:, 1].add_(1)
+    assert_same(t, x)
+    y, yt = x.t(), t.t()
+    y.mul_(2)
+    yt.mul_(2)
+    assert_same(t, x)
+    t[1].zero_()
+    x[1].zero_()
+    assert_same(t, x)
+    t[::2, ::3].fill_(5)
+    x[::2, ::3].fill_(5)
+    assert_same(t, x)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_reductions(dtype):
+    x = rand(4, 5, 6, dtype=dtype)
+    cases = [
+        lambda t: t.sum(),
+        lambda t: t.sum(dim=1),
+        lambda t: t.sum(dim=(0, 2), keepdim=True),
+        lambda t: t.mean(),
+        lambda t: t.mean(dim=-1, keepdim=True),
+        lambda t: t.amax(dim=1),
+        lambda t: t.argmax(dim=2),
+        lambda t: t.argmax(),
+        lambda t: t.sum(dim=0, dtype=torch.float64),
+    ]
+    for fn in cases:
+        got, want = on_both(fn, x)
+        assert_same(got, want)
+
+
+def test_integer_sum_promotes_to_int64():
+    got, want = on_both(lambda t: t.sum(dim=0), rand(4, 3, dtype=torch.int32))
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_matmuls(dtype):
+    a, b, c, bias = rand(6, 5, dtype=dtype), rand(5, 4, dtype=dtype), rand(3, 6, 5, dtype=dtype), rand(4, dtype=dtype)
+    got, want = on_both(torch.mm, a, b)
+    assert_same(got, want)
+    got, want = on_both(lambda x, y, z: torch.addmm(z, x, y, beta=0.5, alpha=2.0), a, b, bias)
+    assert_same(got, want)
+    got, want = on_both(lambda x, y: torch.bmm(x, y.expand(3, 5, 4)), c, b)
+    assert_same(got, want)
+    got, want = on_both(lambda x, y: x @ y.t(), a, rand(7, 5, dtype=dtype))
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_and_losses(dtype):
+    x = rand(8, 10, dtype=dtype)
+    target = torch.randint(0, 10, (8,))
+    for fn in [
+        lambda t: torch.softmax(t, dim=1),
+        lambda t: torch.log_softmax(t, dim=-1),
+        lambda t: torch.softmax(t, dim=0),
+    ]:
+        got, want = on_both(fn, x)
+        assert_same(got, want)
+    for reduction in ("mean", "sum", "none"):
+        got, want = on_both(lambda t, y: torch.nn.functional.cross_entropy(t, y, reduction=reduction), x, target)
+        assert_same(got, want)
+        got, want = on_both(lambda t, y: torch.nn.functional.mse_loss(t, y, reduction=reduction), x, rand(8, 10, dtype=dtype))
+        assert_same(got, want)
+    weight = rand(10, dtype=dtype).abs() + 0.1
+    ignored = target.clone()
+    ignored[::3] = -100
+    got, want = on_both(lambda t, y, w: torch.nn.functional.nll_loss(t, y, weight=w), torch.log_softmax(x, 1), ignored, weight)
+    assert_same(got, want)
+
+
+def test_where_clamp_tensor_bounds_and_threshold_backward():
+    x, y = rand(4, 5), rand(4, 5)
+    got, want = on_both(lambda a, b: torch.where(a > b, a, b), x, y)
+    assert_same(got, want)
+    got, want = on_both(lambda a, lo, hi: torch.clamp(a, lo, hi), x, y - 1, y + 1)
+    assert_same(got, want)
+    got, want = on_both(lambda g, a: torch.ops.aten.threshold_backward(g, a, 0.0), y, x)
+    assert_same(got, want)
+
+
+def test_addcmul_addcdiv_lerp_in_place():
+    x, a, b = rand(6), rand(6), rand(6).abs() + 0.5
+    for fn in [
+        lambda s, p, q: s.addcmul_(p, q, value=0.3),
+        lambda s, p, q: s.addcdiv_(p, q, value=-0.7),
+        lambda s, p, q: s.lerp_(p, 0.25),
+    ]:
+        t = x.to(DEVICE)
+        fn(t, a.to(DEVICE), b.to(DEVICE))
+        assert_same(t, fn(x.clone(), a, b))
+
+
+def test_shape_ops_and_indexing():
+    x = rand(4, 6)
+    idx = torch.tensor([3, 0, 3, 1])
+    for fn in [
+        lambda t: torch.cat([t, t * 2], dim=0),
+        lambda t: torch.cat([t, t[:, :2]], dim=1),
+        lambda t: torch.stack([t, t + 1], dim=1),
+        lambda t: t.t().contiguous(),
+        lambda t: t.permute(1, 0).reshape(3, 8),
+        lambda t: t.unsqueeze(0).expand(3, 4, 6).sum(0),
+        lambda t: torch.index_select(t, 0, idx.to(t.device)),
+        lambda t: torch.index_select(t, 1, idx.to(t.device)),
+        lambda t: torch.gather(t, 1, torch.tensor([[0, 5], [1, 1], [2, 0], [3, 3]], device=t.device)),
+    ]:
+        got, want = on_both(fn, x)
+        assert_same(got, want)
+
+
+def test_factories_and_casts():
+    for fn in [
+        lambda d: torch.zeros(3, 4, device=d),
+        lambda d: torch.ones(2, 3, dtype=torch.int64, device=d),
+        lambda d: torch.full((2, 2), 3.5, device=d),
+        lambda d: torch.arange(7, device=d),
+        lambda d: torch.arange(1.0, 3.0, 0.25, device=d),
+        lambda d: torch.arange(10, 0, -3, device=d),
+    ]:
+        assert_same(fn(DEVICE), fn("cpu"))
+    x = rand(5, 3)
+    for dtype in (torch.float64, torch.bfloat16, torch.int32, torch.int64, torch.bool, torch.float16):
+        got, want = on_both(lambda t: t.to(dtype), x)
+        assert_same(got, want)
+
+
+def test_random_factories_have_the_right_statistics():
+    torch.tpu.manual_seed(0)
+    u = torch.rand(10000, device=DEVICE).cpu()
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.02
+    n = torch.randn(10000, device=DEVICE).cpu()
+    assert abs(n.mean()) < 0.05 and abs(n.std() - 1) < 0.05
+    torch.tpu.manual_seed(0)
+    again = torch.rand(10000, device=DEVICE).cpu()
+    assert torch.equal(u, again), "the same seed gives the same numbers"
+    assert not torch.equal(torch.rand(100, device=DEVICE).cpu(), torch.rand(100, device=DEVICE).cpu())
+
+
+def test_gradients_match_cpu():
+    x, w, b = rand(8, 5), rand(3, 5), rand(3)
+    target = torch.randint(0, 3, (8,))
+
+    def loss_and_grads(device):
+        xs = x.to(device).requires_grad_()
+        ws = w.to(device).requires_grad_()
+        bs = b.to(device).requires_grad_()
+        h = torch.nn.functional.linear(torch.tanh(xs), ws, bs).relu()
+        loss = torch.nn.functional.cross_entropy(h, target.to(device)) + (h.sigmoid() ** 2).mean()
+        loss.backward()
+        return [loss, xs.grad, ws.grad, bs.grad]
+
+    for got, want in zip(loss_and_grads(DEVICE), loss_and_grads("cpu")):
+        assert_same(got.detach(), want.detach())
+
+
+def test_optimizer_foreach_steps_match_cpu():
+    params = [rand(4, 3), rand(3)]
+    grads = [rand(4, 3), rand(3)]
+    for make in (
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+        lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1),
+    ):
+        results = {}
+        for device in ("cpu", DEVICE):
+            ps = [p.detach().clone().to(device).requires_grad_() for p in params]
+            opt = make(ps)
+            for _ in range(3):
+                for p, g in zip(ps, grads):
+                    p.grad = g.to(device)
+                opt.step()
+            results[device] = ps
+        for got, want in zip(results[DEVICE], results["cpu"]):
+            assert_same(got.detach(), want.detach())
+
+
+def test_bad_input_raises_and_keeps_values():
+    a, b = rand(3).to(DEVICE), rand(4).to(DEVICE)
+    before = a.cpu()
+    with pytest.raises(RuntimeError, match="broadcast"):
+        a.add_(b)
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.index_select(a, 0, torch.tensor([0, 9], device=DEVICE))
+    with pytest.raises(RuntimeError):
+        torch.mm(rand(2, 3).to(DEVICE), rand(2, 3).to(DEVICE))
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        torch.nn.functional.cross_entropy(rand(2, 3).to(DEVICE), torch.tensor([0, 7], device=DEVICE))
+    assert torch.equal(a.cpu(), before)
+    assert_same(a + 1, before + 1)
+
+
+def test_metrics_count_ops_and_compiles():
+    before = rtpu.metrics()
+    x = rand(16, 16).to(DEVICE)
+    for _ in range(3):
+        x = torch.tanh(x * 0.5)
+    after = rtpu.metrics()
+    assert after["ops_run"] >= before["ops_run"] + 6
+    assert after["cache_hits"] >= before["cache_hits"] + 4
