@@ -288,9 +288,7 @@ pub(super) fn ops() -> Vec<OpDef> {
             ops.push(op(Box::leak(full.into_boxed_str()), float_unary));
         }
     }
-    for name in [
-        "floor", "ceil", "round", "trunc", "frac", "sign", "sgn", "fix",
-    ] {
+    for name in ["floor", "ceil", "round", "trunc", "frac", "sign", "sgn"] {
         for full in forms(name) {
             ops.push(op(Box::leak(full.into_boxed_str()), same_dtype_unary));
         }

@@ -502,36 +502,35 @@ fn linspace(b: &mut Builder) -> Result<()> {
     b.output(out)
 }
 
-/// isinf / isposinf / isneginf / isfinite.
+/// isinf / isposinf / isneginf (isfinite decomposes in ATen).
 fn classify(b: &mut Builder) -> Result<()> {
     let name = b
         .op_name()
         .trim_start_matches("aten::")
         .split('.')
         .next()
-        .unwrap_or("");
-    let name = name.to_string();
+        .unwrap_or("")
+        .to_string();
     let x = b.tensor(0)?;
     let dims = b.dims(x);
     let dtype = b.dtype(x);
     if !is_float(dtype) {
-        let all = name == "isfinite";
-        let out = b.constant(Literal::Bool(all), DType::Bool, &dims);
+        let out = b.constant(Literal::Bool(false), DType::Bool, &dims);
         return b.output(out);
     }
-    let inf = b.constant(Literal::Float(f64::INFINITY), dtype, &dims);
-    let ninf = b.constant(Literal::Float(f64::NEG_INFINITY), dtype, &dims);
     let out = match name.as_str() {
-        "isposinf" => b.compare(crate::ir::CompareDir::Eq, x, inf)?,
-        "isneginf" => b.compare(crate::ir::CompareDir::Eq, x, ninf)?,
-        "isinf" => {
-            let a = b.unary(UnaryOp::Abs, x);
-            b.compare(crate::ir::CompareDir::Eq, a, inf)?
+        "isposinf" => {
+            let inf = b.constant(Literal::Float(f64::INFINITY), dtype, &dims);
+            b.compare(crate::ir::CompareDir::Eq, x, inf)?
+        }
+        "isneginf" => {
+            let ninf = b.constant(Literal::Float(f64::NEG_INFINITY), dtype, &dims);
+            b.compare(crate::ir::CompareDir::Eq, x, ninf)?
         }
         _ => {
-            // Finite: |x| < inf (false for NaN).
+            let inf = b.constant(Literal::Float(f64::INFINITY), dtype, &dims);
             let a = b.unary(UnaryOp::Abs, x);
-            b.compare(crate::ir::CompareDir::Lt, a, inf)?
+            b.compare(crate::ir::CompareDir::Eq, a, inf)?
         }
     };
     b.output(out)
@@ -552,7 +551,6 @@ pub(super) fn ops() -> Vec<OpDef> {
         op("aten::isposinf.out", classify),
         op("aten::isneginf", classify),
         op("aten::isneginf.out", classify),
-        op("aten::isfinite", classify),
         op("aten::uniform_", uniform),
         op("aten::normal_", normal),
         op("aten::random_.from", |b| random(b, Some(1), Some(2), 3)),
