@@ -20,6 +20,10 @@ fn reduce_dims(b: &Builder, index: usize, rank: usize) -> Result<Vec<i64>> {
                 .collect::<Result<_>>()?;
             out.sort();
             out.dedup();
+            // A 0-d tensor accepts dim 0 or -1 and has nothing to reduce.
+            if rank == 0 {
+                out.clear();
+            }
             Ok(out)
         }
         _ => Ok((0..rank as i64).collect()),
@@ -450,8 +454,10 @@ fn cumulative(b: &mut Builder, op: ReduceOp, form: super::Form) -> Result<()> {
         view.sizes.clone()
     };
     let d = wrap_dim(b, b.int_arg(1)?, view.sizes.len())?;
+    // 16-bit floats accumulate in float32, as ATen does.
+    let acc = accumulate_dtype(dtype);
     let x = b.tensor(0)?;
-    let x = b.convert(x, dtype);
+    let x = b.convert(x, acc);
     let x = b.reshape(x, &work)?;
     let n = work[d];
     let window: Vec<i64> = (0..work.len())
@@ -461,6 +467,7 @@ fn cumulative(b: &mut Builder, op: ReduceOp, form: super::Form) -> Result<()> {
         .map(|k| if k == d { ((n - 1).max(0), 0) } else { (0, 0) })
         .collect();
     let out = b.reduce_window(x, op, &window, &vec![1; work.len()], &padding, &work);
+    let out = b.convert(out, dtype);
     let out = b.reshape(out, &view.sizes)?;
     super::finish(b, form, out)
 }
