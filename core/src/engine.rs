@@ -834,6 +834,9 @@ impl<'a> Builder<'a> {
         updates: ValueId,
         combine: Option<crate::ir::ReduceOp>,
     ) -> ValueId {
+        if self.ty(flat).numel() == 0 || self.ty(updates).numel() == 0 {
+            return flat;
+        }
         let ty = self.ty(flat).clone();
         self.push(
             Node::FlatScatter {
@@ -849,6 +852,11 @@ impl<'a> Builder<'a> {
     pub fn flat_gather(&mut self, flat: ValueId, indices: ValueId) -> ValueId {
         let dims = self.dims(indices);
         let dtype = self.dtype(flat);
+        // Gathering from nothing (an empty input) can only produce nothing;
+        // XLA rejects a gather from an empty operand.
+        if self.ty(flat).numel() == 0 || self.ty(indices).numel() == 0 {
+            return self.constant(Literal::Int(0), dtype, &dims);
+        }
         self.push(
             Node::FlatGather {
                 operand: flat,

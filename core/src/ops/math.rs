@@ -200,12 +200,15 @@ fn binary(b: &mut Builder) -> Result<()> {
     let [x, y] = broadcast_all(b, &[x, y])?[..] else {
         unreachable!("two values in, two out")
     };
+    // 16-bit floats compute in float32 and round once, as ATen's kernels do.
+    let acc = super::reduce::accumulate_dtype(dtype);
+    let (x, y) = (b.convert(x, acc), b.convert(y, acc));
     let dims = b.dims(x);
     let out = match base {
         "fmod" => b.binary(BinaryOp::Rem, x, y)?,
         "remainder" => {
             let r = b.binary(BinaryOp::Rem, x, y)?;
-            let zero = b.constant(Literal::Int(0), dtype, &dims);
+            let zero = b.constant(Literal::Int(0), acc, &dims);
             let nonzero = b.compare(CompareDir::Ne, r, zero)?;
             let rn = b.compare(CompareDir::Lt, r, zero)?;
             let yn = b.compare(CompareDir::Lt, y, zero)?;
@@ -216,17 +219,17 @@ fn binary(b: &mut Builder) -> Result<()> {
         }
         "floor_divide" => {
             let q = b.binary(BinaryOp::Div, x, y)?;
-            if is_float(dtype) {
+            if is_float(acc) {
                 b.unary(UnaryOp::Floor, q)
             } else {
                 let r = b.binary(BinaryOp::Rem, x, y)?;
-                let zero = b.constant(Literal::Int(0), dtype, &dims);
+                let zero = b.constant(Literal::Int(0), acc, &dims);
                 let inexact = b.compare(CompareDir::Ne, r, zero)?;
                 let xn = b.compare(CompareDir::Lt, x, zero)?;
                 let yn = b.compare(CompareDir::Lt, y, zero)?;
                 let differ = b.binary(BinaryOp::Xor, xn, yn)?;
                 let adjust = b.binary(BinaryOp::And, inexact, differ)?;
-                let one = b.constant(Literal::Int(1), dtype, &dims);
+                let one = b.constant(Literal::Int(1), acc, &dims);
                 let q1 = b.binary(BinaryOp::Sub, q, one)?;
                 b.select(adjust, q1, q)?
             }
@@ -243,6 +246,7 @@ fn binary(b: &mut Builder) -> Result<()> {
         "bitwise_xor" | "logical_xor" => b.binary(BinaryOp::Xor, x, y)?,
         other => return Err(Error::invalid("binary math op", "a known function", other)),
     };
+    let out = b.convert(out, dtype);
     let out = if logical && form == Form::InPlace {
         let target = b.tensor_arg(0)?.view.dtype;
         b.convert(out, target)

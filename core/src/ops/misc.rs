@@ -81,7 +81,13 @@ fn check_indices(b: &Builder, index: usize, size: i64) -> Result<()> {
             .chunks_exact(4)
             .map(|c| i32::from_ne_bytes(c.try_into().unwrap_or([0; 4])) as i64)
             .collect(),
-        other => return Err(b.arg_error(index, "an int64 or int32 index tensor", other)),
+        DType::I16 => bytes
+            .chunks_exact(2)
+            .map(|c| i16::from_ne_bytes(c.try_into().unwrap_or([0; 2])) as i64)
+            .collect(),
+        DType::I8 => bytes.iter().map(|&v| v as i8 as i64).collect(),
+        DType::U8 => bytes.iter().map(|&v| v as i64).collect(),
+        other => return Err(b.arg_error(index, "an integer index tensor", other)),
     };
     if let Some(bad) = values.iter().find(|&&v| v < -size || v >= size) {
         return Err(Error::invalid(
@@ -165,35 +171,40 @@ fn gather(b: &mut Builder) -> Result<()> {
     let x_view = b.tensor_arg(0)?.view.clone();
     let index_view = b.tensor_arg(2)?.view.clone();
     let rank = x_view.sizes.len();
-    if index_view.sizes.len() != rank {
+    let dim = wrap_dim(b, b.int_arg(1)?, rank)?;
+    if index_view.numel() == 0 {
+        // An empty index selects nothing, whatever its rank (as in ATen).
+        let out = b.constant(Literal::Int(0), x_view.dtype, &index_view.sizes);
+        return b.output(out);
+    }
+    // A 0-d tensor counts as 1-D here, as in ATen.
+    let as_1d = |sizes: &[i64]| {
+        if sizes.is_empty() {
+            vec![1]
+        } else {
+            sizes.to_vec()
+        }
+    };
+    let (x_dims, out_dims) = (as_1d(&x_view.sizes), as_1d(&index_view.sizes));
+    if out_dims.len() != x_dims.len() {
         return Err(b.arg_error(
             2,
             format!("an index of rank {rank}"),
             format!("rank {}", index_view.sizes.len()),
         ));
     }
-    let dim = wrap_dim(b, b.int_arg(1)?, rank)?;
-    for d in 0..rank {
-        if d != dim && index_view.sizes[d] > x_view.sizes[d] {
+    for d in 0..x_dims.len() {
+        if d != dim && out_dims[d] > x_dims[d] {
             return Err(b.arg_error(
                 2,
-                format!("size <= {} in dimension {d}", x_view.sizes[d]),
-                index_view.sizes[d],
+                format!("size <= {} in dimension {d}", x_dims[d]),
+                out_dims[d],
             ));
         }
     }
-    let x_dims = if rank == 0 {
-        vec![1]
-    } else {
-        x_view.sizes.clone()
-    };
     check_indices(b, 2, x_dims[dim])?;
-    let out_dims = if rank == 0 {
-        vec![1]
-    } else {
-        index_view.sizes.clone()
-    };
     let idx = b.tensor(2)?;
+    let idx = b.convert(idx, DType::I64);
     let idx = b.reshape(idx, &out_dims)?;
     let flat_index = flat_indices(b, &x_dims, &out_dims, dim, idx)?;
     let x = b.tensor(0)?;

@@ -335,9 +335,22 @@ fn lerp(b: &mut Builder, form: Form) -> Result<()> {
     let [x, e, w] = broadcast_all(b, &[x, e, w])?[..] else {
         unreachable!("three values in, three out")
     };
+    // ATen's two-sided formula in float32 for 16-bit inputs: from self for
+    // weight < 0.5, from end otherwise (exact at both ends).
+    let acc = super::reduce::accumulate_dtype(dtype);
+    let (x, e, w) = (b.convert(x, acc), b.convert(e, acc), b.convert(w, acc));
+    let dims = b.dims(x);
     let d = b.binary(BinaryOp::Sub, e, x)?;
     let s = b.binary(BinaryOp::Mul, w, d)?;
-    let out = b.binary(BinaryOp::Add, x, s)?;
+    let near_self = b.binary(BinaryOp::Add, x, s)?;
+    let one = b.constant(Literal::Int(1), acc, &dims);
+    let omw = b.binary(BinaryOp::Sub, one, w)?;
+    let t = b.binary(BinaryOp::Mul, d, omw)?;
+    let near_end = b.binary(BinaryOp::Sub, e, t)?;
+    let half = b.constant(Literal::Float(0.5), acc, &dims);
+    let small = b.compare(CompareDir::Lt, w, half)?;
+    let out = b.select(small, near_self, near_end)?;
+    let out = b.convert(out, dtype);
     finish(b, form, out)
 }
 
