@@ -692,7 +692,9 @@ impl<'a> Builder<'a> {
         )
     }
 
-    /// A convolution whose result shape the caller computed (`out_dims`).
+    /// A convolution whose result shape the caller computed (`out_dims`);
+    /// 16-bit float inputs accumulate into a float32 result (as ATen's CPU
+    /// kernels do), which the caller rounds.
     #[allow(clippy::too_many_arguments)]
     pub fn convolution(
         &mut self,
@@ -706,7 +708,10 @@ impl<'a> Builder<'a> {
         groups: (i64, i64),
         out_dims: &[i64],
     ) -> ValueId {
-        let dtype = self.dtype(lhs);
+        let dtype = match self.dtype(lhs) {
+            DType::F16 | DType::BF16 => DType::F32,
+            other => other,
+        };
         self.push(
             Node::Convolution {
                 lhs,

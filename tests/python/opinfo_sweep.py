@@ -51,6 +51,13 @@ def _to_device(tree, device):
     return tree_map(move, tree)
 
 
+def _clone(tree):
+    import torch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, tree)
+
+
 def _metadata(tree):
     import torch
     from torch.utils._pytree import tree_map
@@ -105,18 +112,14 @@ def run_op(op, dtype_name: str) -> tuple[str, str]:
             break
         args = (sample.input, *sample.args)
         try:
-            with torch.random.fork_rng():
-                torch.manual_seed(0)
-                want = op(*args, **sample.kwargs)
-                # A random op (different results for another seed) can only
-                # be compared by dtype and shape.
-                torch.manual_seed(1)
-                random = _compare_cpu(op(*args, **sample.kwargs), want)
+            # Fresh copies per call: in-place ops mutate their inputs.
+            want = op(*_clone(args), **_clone(sample.kwargs))
+            random = _is_random(op, args, sample.kwargs)
         except Exception:
             continue  # CPU itself rejects this sample
         checked += 1
         try:
-            got = op(*_to_device(args, "tpu"), **_to_device(sample.kwargs, "tpu"))
+            got = op(*_to_device(_clone(args), "tpu"), **_to_device(_clone(sample.kwargs), "tpu"))
         except Exception as e:
             return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         if random or not values_defined:
@@ -132,6 +135,25 @@ def run_op(op, dtype_name: str) -> tuple[str, str]:
     if fell_back:
         return "fallback", ", ".join(fell_back)
     return "pass", ""
+
+
+def _is_random(op, args, kwargs) -> bool:
+    """True when the op's CPU result depends on the generator's state. OpInfo
+    wraps random ops to seed 42 before each call, so that seeding is
+    disabled while two other seeds are tried."""
+    import torch
+
+    seed = torch.manual_seed
+    torch.manual_seed = lambda _: torch.default_generator
+    try:
+        with torch.random.fork_rng():
+            torch.default_generator.manual_seed(0)
+            first = op(*_clone(args), **_clone(kwargs))
+            torch.default_generator.manual_seed(1)
+            second = op(*_clone(args), **_clone(kwargs))
+    finally:
+        torch.manual_seed = seed
+    return _compare_cpu(first, second)
 
 
 def _compare_cpu(a, b) -> bool:

@@ -236,11 +236,12 @@ fn convolution(b: &mut Builder) -> Result<()> {
     }
     let x = b.tensor(0)?;
     let w = b.tensor(1)?;
-    let mut y = if g.transposed {
+    let y = if g.transposed {
         conv_transposed(b, x, w, &g, &g.output_padding.clone())?
     } else {
         conv_forward(b, x, w, &g)?
     };
+    let mut y = b.convert(y, input_dtype);
     if b.opt_tensor_arg(2)?.is_some() {
         let bias = b.tensor(2)?;
         let bias = b.convert(bias, input_dtype);
@@ -263,6 +264,7 @@ fn convolution_backward(b: &mut Builder, first: usize) -> Result<()> {
         _ => [true; 3],
     };
     let input_sizes = b.tensor_arg(1)?.view.sizes.clone();
+    let dtype = b.tensor_arg(1)?.view.dtype;
     let weight_sizes = b.tensor_arg(2)?.view.sizes.clone();
     let gy = b.tensor(0)?;
     let x = b.tensor(1)?;
@@ -283,6 +285,7 @@ fn convolution_backward(b: &mut Builder, first: usize) -> Result<()> {
                 .collect();
             conv_transposed(b, gy, w, &g, &op)?
         };
+        let gx = b.convert(gx, dtype);
         b.output(gx)?;
     } else {
         b.none_output();
@@ -295,13 +298,17 @@ fn convolution_backward(b: &mut Builder, first: usize) -> Result<()> {
             conv_weight_grad(b, x, gy, k, &g)?
         };
         let gw = b.reshape(gw, &weight_sizes)?;
+        let gw = b.convert(gw, dtype);
         b.output(gw)?;
     } else {
         b.none_output();
     }
     if mask[2] {
         let dims: Vec<i64> = (0..gd.len() as i64).filter(|&d| d != 1).collect();
+        let acc = super::reduce::accumulate_dtype(dtype);
+        let gy = b.convert(gy, acc);
         let gb = b.reduce(gy, ReduceOp::Sum, &dims);
+        let gb = b.convert(gb, dtype);
         b.output(gb)?;
     } else {
         b.none_output();

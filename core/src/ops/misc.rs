@@ -506,7 +506,8 @@ fn linspace(b: &mut Builder) -> Result<()> {
     let back = b.binary(BinaryOp::Sub, last, i)?;
     let from_end = b.binary(BinaryOp::Mul, back, st)?;
     let from_end = b.binary(BinaryOp::Sub, e, from_end)?;
-    let half = b.constant(Literal::Int(steps / 2), work, &n);
+    // The first half counts from start (all of it for one step).
+    let half = b.constant(Literal::Int((steps / 2).max(1)), work, &n);
     let first_half = b.compare(crate::ir::CompareDir::Lt, i, half)?;
     let out = b.select(first_half, from_start, from_end)?;
     let out = b.convert(out, dtype);

@@ -7,6 +7,7 @@
 
 mod activation;
 mod conv;
+mod extra;
 mod foreach;
 mod index;
 mod linalg;
@@ -50,6 +51,7 @@ pub fn table() -> &'static [OpDef] {
         all.extend(math::ops());
         all.extend(index::ops());
         all.extend(resample::ops());
+        all.extend(extra::ops());
         all
     })
 }

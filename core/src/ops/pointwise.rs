@@ -72,6 +72,9 @@ fn div(b: &mut Builder, form: Form, mode_index: Option<usize>) -> Result<()> {
     let [x, y] = broadcast_all(b, &[x, y])?[..] else {
         unreachable!("two values in, two out")
     };
+    // Rounding modes see the float32 quotient of 16-bit inputs, as in ATen.
+    let acc = super::reduce::accumulate_dtype(dtype);
+    let (x, y) = (b.convert(x, acc), b.convert(y, acc));
     let q = b.binary(BinaryOp::Div, x, y)?;
     let out = match mode.as_deref() {
         None => q,
@@ -100,6 +103,7 @@ fn div(b: &mut Builder, form: Form, mode_index: Option<usize>) -> Result<()> {
         }
         _ => q,
     };
+    let out = b.convert(out, dtype);
     finish(b, form, out)
 }
 
@@ -314,15 +318,19 @@ fn addc(b: &mut Builder, form: Form, divide: bool) -> Result<()> {
     let [x, t1, t2] = broadcast_all(b, &[x, t1, t2])?[..] else {
         unreachable!("three values in, three out")
     };
+    // One rounding for 16-bit floats: compute in float32, as ATen does.
+    let acc = super::reduce::accumulate_dtype(dtype);
+    let (x, t1, t2) = (b.convert(x, acc), b.convert(t1, acc), b.convert(t2, acc));
     let prod = b.binary(if divide { BinaryOp::Div } else { BinaryOp::Mul }, t1, t2)?;
     let scaled = if b.num_args() > 3 && !matches!(b.arg(3)?, Arg::Int(1)) {
-        let v = b.scalar_arg(3, dtype)?;
+        let v = b.scalar_arg(3, acc)?;
         let v = b.broadcast_to(v, &b.dims(prod))?;
         b.binary(BinaryOp::Mul, prod, v)?
     } else {
         prod
     };
     let out = b.binary(BinaryOp::Add, x, scaled)?;
+    let out = b.convert(out, dtype);
     finish(b, form, out)
 }
 

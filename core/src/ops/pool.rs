@@ -299,13 +299,17 @@ fn avg_pool(b: &mut Builder) -> Result<()> {
     let (x, dtype, sizes) = float_input(b)?;
     let (rows, cols, shape) = window_coords(b, &g)?;
     let (valid, _, flat) = window_index(b, &g, rows, cols, &shape)?;
+    // 16-bit inputs sum in float32, as ATen does.
+    let acc = super::reduce::accumulate_dtype(dtype);
+    let x = b.convert(x, acc);
     let values = b.flat_gather(x, flat);
-    let zeros = b.constant(Literal::Int(0), dtype, &shape);
+    let zeros = b.constant(Literal::Int(0), acc, &shape);
     let values = b.select(valid, values, zeros)?;
     let sum = b.reduce(values, ReduceOp::Sum, &[3, 4]);
-    let div = divisor(b, &g, 5, 6, dtype)?;
+    let div = divisor(b, &g, 5, 6, acc)?;
     let div = b.broadcast_in_dim(div, &[g.planes, g.out[0], g.out[1]], &[1, 2]);
     let out = b.binary(BinaryOp::Div, sum, div)?;
+    let out = b.convert(out, dtype);
     let out = b.reshape(out, &out_sizes(&sizes, g.out))?;
     b.output(out)
 }

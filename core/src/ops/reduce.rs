@@ -307,6 +307,12 @@ fn prod(b: &mut Builder, dim_index: Option<usize>) -> Result<()> {
         ),
         None => ((0..view.sizes.len() as i64).collect(), false),
     };
+    // A 0-d tensor has nothing to reduce.
+    let dims = if view.sizes.is_empty() {
+        Vec::new()
+    } else {
+        dims
+    };
     let x = b.tensor(0)?;
     let x = b.convert(x, dtype);
     let out = reduced(b, x, ReduceOp::Prod, &dims, keepdim, &view.sizes)?;
