@@ -653,15 +653,10 @@ fn take(b: &mut Builder) -> Result<()> {
     b.output(out)
 }
 
-/// index_add/index_copy/index_fill along `dim` at `index` (host-checked).
-fn index_along(b: &mut Builder, kind: &str, form: Form) -> Result<()> {
-    let view = b.tensor_arg(0)?.view.clone();
-    let dims = if view.sizes.is_empty() {
-        vec![1]
-    } else {
-        view.sizes.clone()
-    };
-    let d = wrap_dim(b, b.int_arg(1)?, view.sizes.len())?;
+/// Flat positions in self (sizes `dims`) of every element of a block that
+/// has self's shape except `index.len()` along `d`, placed at the
+/// host-checked indices of argument 2. Returns (positions, block dims).
+fn along_positions(b: &mut Builder, dims: &[i64], d: usize) -> Result<(ValueId, Vec<i64>)> {
     let index = b.tensor_arg(2)?.clone();
     let values = super::index::host_values(&index)?;
     if let Some(bad) = values.iter().find(|&&v| v < -dims[d] || v >= dims[d]) {
@@ -672,9 +667,8 @@ fn index_along(b: &mut Builder, kind: &str, form: Form) -> Result<()> {
         ));
     }
     let k = values.len() as i64;
-    let mut upd_dims = dims.clone();
+    let mut upd_dims = dims.to_vec();
     upd_dims[d] = k;
-    // Flat positions in self of every element of the update block.
     let wrapped: Vec<i64> = values
         .iter()
         .map(|&v| if v < 0 { v + dims[d] } else { v })
@@ -698,6 +692,19 @@ fn index_along(b: &mut Builder, kind: &str, form: Form) -> Result<()> {
         flat = add(b, flat, t)?;
         stride *= dims[axis];
     }
+    Ok((flat, upd_dims))
+}
+
+/// index_add/index_copy/index_fill along `dim` at `index` (host-checked).
+fn index_along(b: &mut Builder, kind: &str, form: Form) -> Result<()> {
+    let view = b.tensor_arg(0)?.view.clone();
+    let dims = if view.sizes.is_empty() {
+        vec![1]
+    } else {
+        view.sizes.clone()
+    };
+    let d = wrap_dim(b, b.int_arg(1)?, view.sizes.len())?;
+    let (flat, upd_dims) = along_positions(b, &dims, d)?;
     let updates = match kind {
         "fill" => {
             let v = if b.is_scalar(3) {
@@ -728,6 +735,70 @@ fn index_along(b: &mut Builder, kind: &str, form: Form) -> Result<()> {
     let out = b.flat_scatter(xf, flat, updates, combine);
     let out = b.reshape(out, &view.sizes)?;
     finish(b, form, out)
+}
+
+/// index_reduce(self, dim, index, source, reduce, *, include_self).
+fn index_reduce(b: &mut Builder, form: Form) -> Result<()> {
+    let view = b.tensor_arg(0)?.view.clone();
+    let dims = if view.sizes.is_empty() {
+        vec![1]
+    } else {
+        view.sizes.clone()
+    };
+    let d = wrap_dim(b, b.int_arg(1)?, view.sizes.len())?;
+    let (flat, upd_dims) = along_positions(b, &dims, d)?;
+    let src = b.tensor(3)?;
+    let src = b.convert(src, view.dtype);
+    let src = b.reshape(src, &upd_dims)?;
+    let out = super::index::reduce_into(b, flat, src, 4, 5)?;
+    finish(b, form, out)
+}
+
+/// max_unpool2d(self, indices, output_size) / max_unpool3d(self, indices,
+/// output_size, stride, padding): values placed at their indices within
+/// each output plane, zeros elsewhere.
+fn max_unpool(b: &mut Builder, k: usize) -> Result<()> {
+    let view = b.tensor_arg(0)?.view.clone();
+    let out = b.int_list_arg(2)?;
+    if out.len() != k || view.sizes.len() < k + 1 {
+        return Err(b.arg_error(
+            2,
+            format!("{k} output sizes for a ({})-D or more input", k + 1),
+            format!("{out:?}"),
+        ));
+    }
+    let r = view.sizes.len();
+    let planes: i64 = view.sizes[..r - k].iter().product();
+    let per_plane_in: i64 = view.sizes[r - k..].iter().product();
+    let per_plane_out: i64 = out.iter().product();
+    let index = b.tensor_arg(1)?.clone();
+    let values = super::index::host_values(&index)?;
+    if let Some(bad) = values.iter().find(|&&v| v < 0 || v >= per_plane_out) {
+        return Err(b.arg_error(
+            1,
+            format!("indices in [0, {per_plane_out})"),
+            format!("index {bad} is out of bounds"),
+        ));
+    }
+    let x = b.tensor(0)?;
+    let x = b.reshape(x, &[planes, per_plane_in])?;
+    let idx = b.tensor(1)?;
+    let idx = b.convert(idx, DType::I64);
+    let idx = b.reshape(idx, &[planes, per_plane_in])?;
+    let plane = b.iota(DType::I64, &[planes, per_plane_in], 0);
+    let size = b.constant(
+        Literal::Int(per_plane_out),
+        DType::I64,
+        &[planes, per_plane_in],
+    );
+    let base = mul(b, plane, size)?;
+    let flat = add(b, base, idx)?;
+    let zeros = b.constant(Literal::Int(0), view.dtype, &[planes * per_plane_out]);
+    let y = b.flat_scatter(zeros, flat, x, None);
+    let mut sizes = view.sizes[..r - k].to_vec();
+    sizes.extend(&out);
+    let y = b.reshape(y, &sizes)?;
+    b.output(y)
 }
 
 pub(super) fn ops() -> Vec<OpDef> {
@@ -791,6 +862,13 @@ pub(super) fn ops() -> Vec<OpDef> {
         op("aten::index_fill_.int_Tensor", |b| {
             index_along(b, "fill", I)
         }),
+        op("aten::index_reduce", |b| index_reduce(b, F)),
+        op("aten::index_reduce.out", |b| index_reduce(b, F)),
+        op("aten::index_reduce_", |b| index_reduce(b, I)),
+        op("aten::max_unpool2d", |b| max_unpool(b, 2)),
+        op("aten::max_unpool2d.out", |b| max_unpool(b, 2)),
+        op("aten::max_unpool3d", |b| max_unpool(b, 3)),
+        op("aten::max_unpool3d.out", |b| max_unpool(b, 3)),
     ];
     for name in [
         "aten::xlogy.Tensor",

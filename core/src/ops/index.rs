@@ -370,11 +370,29 @@ fn scatter(b: &mut Builder, form: Form, reduce_index: Option<usize>, add: bool) 
 fn scatter_reduce(b: &mut Builder, form: Form) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
     let dim = wrap_dim(b, b.int_arg(1)?, view.sizes.len())?;
-    let reduce = match b.arg(4)? {
+    let (idx, ishape) = scatter_indices(b, &view.sizes, 2, dim)?;
+    let src = scatter_source(b, 3, view.dtype, &ishape)?;
+    let out = reduce_into(b, idx, src, 4, 5)?;
+    finish(b, form, out)
+}
+
+/// Self (argument 0) with `src` reduced into the flat positions `idx` by
+/// the reduce string at `reduce_index` (sum, prod, mean, amax, amin) and
+/// include_self at `include_index`, shaped as self. Shared by scatter_reduce
+/// and index_reduce.
+pub(super) fn reduce_into(
+    b: &mut Builder,
+    idx: ValueId,
+    src: ValueId,
+    reduce_index: usize,
+    include_index: usize,
+) -> Result<ValueId> {
+    let view = b.tensor_arg(0)?.view.clone();
+    let reduce = match b.arg(reduce_index)? {
         Arg::Str(s) => s.clone(),
-        other => return Err(b.arg_error(4, "a reduce string", other.kind())),
+        other => return Err(b.arg_error(reduce_index, "a reduce string", other.kind())),
     };
-    let include_self = b.bool_arg(5)?;
+    let include_self = b.bool_arg(include_index)?;
     let op = match reduce.as_str() {
         "sum" | "mean" => ReduceOp::Sum,
         "prod" => ReduceOp::Prod,
@@ -382,27 +400,18 @@ fn scatter_reduce(b: &mut Builder, form: Form) -> Result<()> {
         "amin" => ReduceOp::Min,
         other => {
             return Err(b.arg_error(
-                4,
+                reduce_index,
                 "reduce 'sum', 'prod', 'mean', 'amax' or 'amin'",
                 format!("{other:?}"),
             ))
         }
     };
-    if reduce == "mean" && !is_float(view.dtype) {
-        return Err(Error::invalid(
-            format!("{}: mean", b.op_name()),
-            "a floating point tensor",
-            view.dtype,
-        ));
-    }
-    let (idx, ishape) = scatter_indices(b, &view.sizes, 2, dim)?;
-    let src = scatter_source(b, 3, view.dtype, &ishape)?;
     let n = view.numel() as i64;
     let x = b.tensor(0)?;
     let xf = b.reshape(x, &[n])?;
     // Positions the index hits at least once.
     let zeros_i = b.constant(Literal::Int(0), DType::I64, &[n]);
-    let ones_i = b.constant(Literal::Int(1), DType::I64, &ishape);
+    let ones_i = b.constant(Literal::Int(1), DType::I64, &b.dims(src));
     let hits = b.flat_scatter_add(zeros_i, idx, ones_i);
     let zero_i = b.constant(Literal::Int(0), DType::I64, &[n]);
     let hit = b.compare(CompareDir::Gt, hits, zero_i)?;
@@ -410,18 +419,13 @@ fn scatter_reduce(b: &mut Builder, form: Form) -> Result<()> {
         xf
     } else {
         // Start hit positions from the reduction's identity.
-        let identity = match op {
-            ReduceOp::Sum => Literal::Int(0),
-            ReduceOp::Prod => Literal::Int(1),
-            ReduceOp::Max => Literal::Float(f64::NEG_INFINITY),
-            _ => Literal::Float(f64::INFINITY),
-        };
-        let identity = if is_float(view.dtype) || matches!(identity, Literal::Int(_)) {
-            identity
-        } else if op == ReduceOp::Max {
-            Literal::Int(i64::MIN)
-        } else {
-            Literal::Int(i64::MAX)
+        let identity = match (op, is_float(view.dtype)) {
+            (ReduceOp::Sum, _) => Literal::Int(0),
+            (ReduceOp::Prod, _) => Literal::Int(1),
+            (ReduceOp::Max, true) => Literal::Float(f64::NEG_INFINITY),
+            (ReduceOp::Max, false) => Literal::Int(i64::MIN),
+            (_, true) => Literal::Float(f64::INFINITY),
+            (_, false) => Literal::Int(i64::MAX),
         };
         let id = b.constant(identity, view.dtype, &[n]);
         b.select(hit, id, xf)?
@@ -437,9 +441,69 @@ fn scatter_reduce(b: &mut Builder, form: Form) -> Result<()> {
         };
         let one = b.constant(Literal::Int(1), view.dtype, &[n]);
         let safe = b.select(hit, count, one)?;
-        out = b.binary(BinaryOp::Div, out, safe)?;
+        out = if is_float(view.dtype) {
+            b.binary(BinaryOp::Div, out, safe)?
+        } else {
+            // Integer means round down, as in ATen.
+            let q = b.binary(BinaryOp::Div, out, safe)?;
+            let r = b.binary(BinaryOp::Rem, out, safe)?;
+            let zero = b.constant(Literal::Int(0), view.dtype, &[n]);
+            let inexact = b.compare(CompareDir::Ne, r, zero)?;
+            let negative = b.compare(CompareDir::Lt, out, zero)?;
+            let adjust = b.binary(BinaryOp::And, inexact, negative)?;
+            let one = b.constant(Literal::Int(1), view.dtype, &[n]);
+            let q1 = b.binary(BinaryOp::Sub, q, one)?;
+            b.select(adjust, q1, q)?
+        };
     }
-    let out = b.reshape(out, &view.sizes)?;
+    b.reshape(out, &view.sizes)
+}
+
+/// masked_scatter(self, mask, source): source's leading elements, in
+/// order, where mask is set (synchronises to read the mask).
+fn masked_scatter(b: &mut Builder, form: Form) -> Result<()> {
+    let view = b.tensor_arg(0)?.view.clone();
+    let mask = b.tensor_arg(1)?.clone();
+    if mask.view.dtype != DType::Bool {
+        return Err(b.arg_error(1, "a bool mask", mask.view.dtype));
+    }
+    let shape = broadcast(b.op_name(), &[view.sizes.clone(), mask.view.sizes.clone()])?;
+    if form == Form::InPlace && shape != view.sizes {
+        return Err(b.arg_error(
+            1,
+            format!("a mask broadcastable to {:?}", view.sizes),
+            format!("{:?}", mask.view.sizes),
+        ));
+    }
+    let values = host_values(&mask)?;
+    let mut positions = Vec::new();
+    let mut k = 0i64;
+    for_each_index(&shape, |idx| {
+        if broadcast_get(&values, &mask.view.sizes, idx) != 0 {
+            positions.push(k);
+        }
+        k += 1;
+    });
+    let source_numel = b.tensor_arg(2)?.view.numel() as i64;
+    let count = positions.len() as i64;
+    if count > source_numel {
+        return Err(b.arg_error(
+            2,
+            format!("at least {count} elements (the mask's set count)"),
+            source_numel,
+        ));
+    }
+    let x = b.tensor(0)?;
+    let x = b.broadcast_to(x, &shape)?;
+    let n: i64 = shape.iter().product();
+    let xf = b.reshape(x, &[n])?;
+    let src = b.tensor(2)?;
+    let src = b.convert(src, view.dtype);
+    let src = b.reshape(src, &[source_numel])?;
+    let src = b.slice(src, &[0], &[count], &[1]);
+    let idx = b.host_tensor(bytes_of(&positions), DType::I64, &[count]);
+    let out = b.flat_scatter(xf, idx, src, None);
+    let out = b.reshape(out, &shape)?;
     finish(b, form, out)
 }
 
@@ -678,6 +742,8 @@ pub(super) fn ops() -> Vec<OpDef> {
         op("aten::masked_fill.Tensor", |b| masked_fill(b, F)),
         op("aten::masked_fill_.Tensor", |b| masked_fill(b, I)),
         op("aten::masked_select", masked_select),
+        op("aten::masked_scatter", |b| masked_scatter(b, F)),
+        op("aten::masked_scatter_", |b| masked_scatter(b, I)),
         op("aten::nonzero", nonzero),
         op("aten::tril", |b| triangle(b, true, F)),
         op("aten::tril.out", |b| triangle(b, true, F)),

@@ -254,7 +254,12 @@ fn arange(b: &mut Builder) -> Result<()> {
 }
 
 /// Uniform [0, 1) floats of `dtype` and `dims` from the generator argument.
-fn uniform01(b: &mut Builder, generator: usize, dtype: DType, dims: &[i64]) -> Result<ValueId> {
+pub(super) fn uniform01(
+    b: &mut Builder,
+    generator: usize,
+    dtype: DType,
+    dims: &[i64],
+) -> Result<ValueId> {
     let (seed, offset) = match b.arg(generator)? {
         Arg::Generator { seed, offset } => (*seed, *offset),
         other => {
@@ -285,6 +290,60 @@ fn uniform01(b: &mut Builder, generator: usize, dtype: DType, dims: &[i64]) -> R
     let in_one_two = b.bitcast(with_exponent, float_ty);
     let one_f = b.constant(Literal::Float(1.0), float_ty, dims);
     b.binary(BinaryOp::Sub, in_one_two, one_f)
+}
+
+/// A second uniform draw, independent of `uniform01`'s for the same
+/// generator state (the key's offset has its top bit set).
+pub(super) fn uniform01_second(
+    b: &mut Builder,
+    generator: usize,
+    dtype: DType,
+    dims: &[i64],
+) -> Result<ValueId> {
+    let (seed, offset) = match b.arg(generator)? {
+        Arg::Generator { seed, offset } => (*seed, *offset),
+        other => return Err(b.arg_error(generator, "a Generator", other.kind())),
+    };
+    let key = b.rng_key(seed, offset ^ (1 << 63));
+    let float_ty = if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let bits_ty = if float_ty == DType::F64 {
+        DType::U64
+    } else {
+        DType::U32
+    };
+    let (shift, one_bits) = if float_ty == DType::F64 {
+        (12i64, 0x3FF0_0000_0000_0000u64 as i64)
+    } else {
+        (9, 0x3F80_0000)
+    };
+    let bits = b.rng_bits(key, bits_ty, dims);
+    let shift = b.constant(Literal::Int(shift), bits_ty, dims);
+    let mantissa = b.binary(BinaryOp::ShiftRightLogical, bits, shift)?;
+    let one = b.constant(Literal::Int(one_bits), bits_ty, dims);
+    let with_exponent = b.binary(BinaryOp::Or, mantissa, one)?;
+    let in_one_two = b.bitcast(with_exponent, float_ty);
+    let one_f = b.constant(Literal::Float(1.0), float_ty, dims);
+    b.binary(BinaryOp::Sub, in_one_two, one_f)
+}
+
+/// A standard normal from two independent uniforms in [0, 1) (Box-Muller).
+pub(super) fn box_muller(b: &mut Builder, u1: ValueId, u2: ValueId) -> Result<ValueId> {
+    let (dtype, dims) = (b.dtype(u1), b.dims(u1));
+    // 1 - u1 lies in (0, 1], so its log is finite.
+    let one = b.constant(Literal::Float(1.0), dtype, &dims);
+    let u1 = b.binary(BinaryOp::Sub, one, u1)?;
+    let log = b.unary(UnaryOp::Log, u1);
+    let minus_two = b.constant(Literal::Float(-2.0), dtype, &dims);
+    let r2 = b.binary(BinaryOp::Mul, minus_two, log)?;
+    let r = b.unary(UnaryOp::Sqrt, r2);
+    let two_pi = b.constant(Literal::Float(std::f64::consts::TAU), dtype, &dims);
+    let theta = b.binary(BinaryOp::Mul, two_pi, u2)?;
+    let c = b.unary(UnaryOp::Cos, theta);
+    b.binary(BinaryOp::Mul, r, c)
 }
 
 /// The random ops need a floating-point destination.

@@ -13,6 +13,7 @@ mod index;
 mod linalg;
 mod math;
 mod misc;
+mod more;
 mod nn;
 mod norm;
 mod pointwise;
@@ -52,6 +53,7 @@ pub fn table() -> &'static [OpDef] {
         all.extend(index::ops());
         all.extend(resample::ops());
         all.extend(extra::ops());
+        all.extend(more::ops());
         all
     })
 }

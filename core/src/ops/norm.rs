@@ -518,6 +518,8 @@ pub(super) fn ops() -> Vec<OpDef> {
         op("aten::native_layer_norm", layer_norm),
         op("aten::native_layer_norm_backward", layer_norm_backward),
         op("aten::native_batch_norm", batch_norm),
+        // Same arguments as native_batch_norm (running stats required).
+        op("aten::_native_batch_norm_legit", batch_norm),
         op("aten::native_batch_norm_backward", batch_norm_backward),
         op("aten::embedding_dense_backward", embedding_dense_backward),
         op("aten::native_group_norm", group_norm),

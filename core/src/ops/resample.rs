@@ -170,6 +170,14 @@ fn nearest_map(input: i64, output: i64, factor: Option<f64>) -> AxisMap {
         .collect()
 }
 
+/// nearest-exact: the source pixel whose centre is nearest, floor((o + 0.5) s).
+fn nearest_exact_map(input: i64, output: i64, factor: Option<f64>) -> AxisMap {
+    let s = scale(input, output, factor, None) as f32;
+    (0..output)
+        .map(|o| vec![((((o as f32 + 0.5) * s).floor() as i64).min(input - 1), 1.0)])
+        .collect()
+}
+
 fn linear_map(input: i64, output: i64, factor: Option<f64>, align_corners: bool) -> AxisMap {
     let s = scale(input, output, factor, Some(align_corners)) as f32;
     (0..output)
@@ -229,21 +237,30 @@ fn spatial(b: &Builder, sizes: &[i64], k: usize) -> Result<Vec<i64>> {
     Ok(sizes[sizes.len() - k..].to_vec())
 }
 
-/// upsample_nearest2d(self, output_size, scales_h?, scales_w?) and its
-/// backward (grad, output_size, input_size, scales_h?, scales_w?).
-fn nearest(b: &mut Builder, backward_pass: bool) -> Result<()> {
+/// upsample_nearest{1,2,3}d(self, output_size, scales...?) and
+/// _upsample_nearest_exact* (half-pixel centres), with backwards (grad,
+/// output_size, input_size, scales...?).
+fn nearest(b: &mut Builder, k: usize, exact: bool, backward_pass: bool) -> Result<()> {
     let out = b.int_list_arg(1)?;
     let sizes = if backward_pass {
         b.int_list_arg(2)?
     } else {
         b.tensor_arg(0)?.view.sizes.clone()
     };
-    let input = spatial(b, &sizes, 2)?;
+    let input = spatial(b, &sizes, k)?;
+    if out.len() != k {
+        return Err(b.arg_error(1, format!("{k} output sizes"), out.len()));
+    }
     let first_scale = if backward_pass { 3 } else { 2 };
-    let maps = [
-        nearest_map(input[0], out[0], opt_float(b, first_scale)?),
-        nearest_map(input[1], out[1], opt_float(b, first_scale + 1)?),
-    ];
+    let mut maps = Vec::with_capacity(k);
+    for axis in 0..k {
+        let factor = opt_float(b, first_scale + axis)?;
+        maps.push(if exact {
+            nearest_exact_map(input[axis], out[axis], factor)
+        } else {
+            nearest_map(input[axis], out[axis], factor)
+        });
+    }
     if backward_pass {
         backward(b, &maps, &sizes)
     } else {
@@ -251,23 +268,31 @@ fn nearest(b: &mut Builder, backward_pass: bool) -> Result<()> {
     }
 }
 
-/// upsample_bilinear2d(self, output_size, align_corners, scales_h?,
-/// scales_w?) and its backward (grad, output_size, input_size,
-/// align_corners, scales_h?, scales_w?).
-fn bilinear(b: &mut Builder, backward_pass: bool) -> Result<()> {
+/// upsample_{linear1d,bilinear2d,trilinear3d}(self, output_size,
+/// align_corners, scales...?) and backwards (grad, output_size, input_size,
+/// align_corners, scales...?).
+fn linear(b: &mut Builder, k: usize, backward_pass: bool) -> Result<()> {
     let out = b.int_list_arg(1)?;
     let sizes = if backward_pass {
         b.int_list_arg(2)?
     } else {
         b.tensor_arg(0)?.view.sizes.clone()
     };
-    let input = spatial(b, &sizes, 2)?;
+    let input = spatial(b, &sizes, k)?;
+    if out.len() != k {
+        return Err(b.arg_error(1, format!("{k} output sizes"), out.len()));
+    }
     let align_index = if backward_pass { 3 } else { 2 };
     let align = b.bool_arg(align_index)?;
-    let maps = [
-        linear_map(input[0], out[0], opt_float(b, align_index + 1)?, align),
-        linear_map(input[1], out[1], opt_float(b, align_index + 2)?, align),
-    ];
+    let mut maps = Vec::with_capacity(k);
+    for axis in 0..k {
+        maps.push(linear_map(
+            input[axis],
+            out[axis],
+            opt_float(b, align_index + 1 + axis)?,
+            align,
+        ));
+    }
     if backward_pass {
         backward(b, &maps, &sizes)
     } else {
@@ -314,17 +339,91 @@ fn pad(b: &mut Builder, k: usize, reflect: bool, backward_pass: bool) -> Result<
 
 pub(super) fn ops() -> Vec<OpDef> {
     vec![
-        op("aten::upsample_nearest2d", |b| nearest(b, false)),
-        op("aten::upsample_nearest2d.out", |b| nearest(b, false)),
-        op("aten::upsample_nearest2d_backward", |b| nearest(b, true)),
-        op("aten::upsample_nearest2d_backward.grad_input", |b| {
-            nearest(b, true)
+        op("aten::upsample_nearest1d", |b| nearest(b, 1, false, false)),
+        op("aten::upsample_nearest1d.out", |b| {
+            nearest(b, 1, false, false)
         }),
-        op("aten::upsample_bilinear2d", |b| bilinear(b, false)),
-        op("aten::upsample_bilinear2d.out", |b| bilinear(b, false)),
-        op("aten::upsample_bilinear2d_backward", |b| bilinear(b, true)),
+        op("aten::upsample_nearest1d_backward", |b| {
+            nearest(b, 1, false, true)
+        }),
+        op("aten::upsample_nearest1d_backward.grad_input", |b| {
+            nearest(b, 1, false, true)
+        }),
+        op("aten::_upsample_nearest_exact1d", |b| {
+            nearest(b, 1, true, false)
+        }),
+        op("aten::_upsample_nearest_exact1d.out", |b| {
+            nearest(b, 1, true, false)
+        }),
+        op("aten::_upsample_nearest_exact1d_backward", |b| {
+            nearest(b, 1, true, true)
+        }),
+        op("aten::_upsample_nearest_exact1d_backward.grad_input", |b| {
+            nearest(b, 1, true, true)
+        }),
+        op("aten::upsample_nearest2d", |b| nearest(b, 2, false, false)),
+        op("aten::upsample_nearest2d.out", |b| {
+            nearest(b, 2, false, false)
+        }),
+        op("aten::upsample_nearest2d_backward", |b| {
+            nearest(b, 2, false, true)
+        }),
+        op("aten::upsample_nearest2d_backward.grad_input", |b| {
+            nearest(b, 2, false, true)
+        }),
+        op("aten::_upsample_nearest_exact2d", |b| {
+            nearest(b, 2, true, false)
+        }),
+        op("aten::_upsample_nearest_exact2d.out", |b| {
+            nearest(b, 2, true, false)
+        }),
+        op("aten::_upsample_nearest_exact2d_backward", |b| {
+            nearest(b, 2, true, true)
+        }),
+        op("aten::_upsample_nearest_exact2d_backward.grad_input", |b| {
+            nearest(b, 2, true, true)
+        }),
+        op("aten::upsample_nearest3d", |b| nearest(b, 3, false, false)),
+        op("aten::upsample_nearest3d.out", |b| {
+            nearest(b, 3, false, false)
+        }),
+        op("aten::upsample_nearest3d_backward", |b| {
+            nearest(b, 3, false, true)
+        }),
+        op("aten::upsample_nearest3d_backward.grad_input", |b| {
+            nearest(b, 3, false, true)
+        }),
+        op("aten::_upsample_nearest_exact3d", |b| {
+            nearest(b, 3, true, false)
+        }),
+        op("aten::_upsample_nearest_exact3d.out", |b| {
+            nearest(b, 3, true, false)
+        }),
+        op("aten::_upsample_nearest_exact3d_backward", |b| {
+            nearest(b, 3, true, true)
+        }),
+        op("aten::_upsample_nearest_exact3d_backward.grad_input", |b| {
+            nearest(b, 3, true, true)
+        }),
+        op("aten::upsample_linear1d", |b| linear(b, 1, false)),
+        op("aten::upsample_linear1d.out", |b| linear(b, 1, false)),
+        op("aten::upsample_linear1d_backward", |b| linear(b, 1, true)),
+        op("aten::upsample_linear1d_backward.grad_input", |b| {
+            linear(b, 1, true)
+        }),
+        op("aten::upsample_bilinear2d", |b| linear(b, 2, false)),
+        op("aten::upsample_bilinear2d.out", |b| linear(b, 2, false)),
+        op("aten::upsample_bilinear2d_backward", |b| linear(b, 2, true)),
         op("aten::upsample_bilinear2d_backward.grad_input", |b| {
-            bilinear(b, true)
+            linear(b, 2, true)
+        }),
+        op("aten::upsample_trilinear3d", |b| linear(b, 3, false)),
+        op("aten::upsample_trilinear3d.out", |b| linear(b, 3, false)),
+        op("aten::upsample_trilinear3d_backward", |b| {
+            linear(b, 3, true)
+        }),
+        op("aten::upsample_trilinear3d_backward.grad_input", |b| {
+            linear(b, 3, true)
         }),
         op("aten::reflection_pad1d", |b| pad(b, 1, true, false)),
         op("aten::reflection_pad1d.out", |b| pad(b, 1, true, false)),
