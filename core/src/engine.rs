@@ -1077,6 +1077,22 @@ impl<'a> Builder<'a> {
 
     // ----- execution -----------------------------------------------------
 
+    /// TPUs have no 64-bit floats: a float64 (or complex128) op there is a
+    /// clear error, never a silently narrowed result.
+    fn check_platform_dtypes(&self) -> Result<()> {
+        let wide = |t: &TensorType| matches!(t.dtype, DType::F64 | DType::C128);
+        let uses_wide =
+            self.graph.params.iter().any(wide) || self.graph.nodes.iter().any(|(_, t)| wide(t));
+        if uses_wide && self.client.platform_name()?.eq_ignore_ascii_case("tpu") {
+            return Err(Error::invalid(
+                format!("{}: dtype", self.op),
+                "a dtype the TPU supports (float32, bfloat16, float16, integers, bool)",
+                "float64, which TPUs do not have; convert with .float() first",
+            ));
+        }
+        Ok(())
+    }
+
     fn run(mut self) -> Result<Vec<Output>> {
         let device_index = self.device_index.unwrap_or(0);
         let mut graph_outputs = Vec::new();
@@ -1103,6 +1119,7 @@ impl<'a> Builder<'a> {
                 .collect());
         }
         self.graph.outputs = graph_outputs;
+        self.check_platform_dtypes()?;
         let text = lower(&self.graph);
         let exe = executable(self.client, device_index, text)?;
         let device = self.client.device(device_index)?;

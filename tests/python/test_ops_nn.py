@@ -261,3 +261,10 @@ def test_models_train_without_fallback():
     cnn.eval()
     cnn(x).sum().item()
     assert rtpu.metrics()["cpu_fallbacks"] == before, rtpu.metrics()["cpu_fallbacks"]
+
+
+def test_unfold_and_fold():
+    x = rand(2, 3, 7, 6)
+    check_forward_backward(lambda t: F.unfold(t, (3, 2), dilation=(1, 2), padding=1, stride=(2, 1)), x)
+    cols = rand(2, 3 * 2 * 2, 18)
+    check_forward_backward(lambda t: F.fold(t, (5, 6), (2, 2), padding=(1, 0), stride=(1, 2)), cols)

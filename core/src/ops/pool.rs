@@ -467,6 +467,127 @@ fn constant_pad(b: &mut Builder) -> Result<()> {
     b.output(y)
 }
 
+/// The im2col/col2im geometry: input (N, C, H, W) or (C, H, W) at
+/// `sizes`, kernel/dilation/padding/stride at `first`.. (ATen's order).
+fn patch_geometry(b: &Builder, sizes: &[i64], first: usize) -> Result<(Pool, i64, i64)> {
+    if !(3..=4).contains(&sizes.len()) {
+        return Err(Error::invalid(
+            format!("{}: input", b.op_name()),
+            "a 3-D or 4-D input",
+            format!("{sizes:?}"),
+        ));
+    }
+    let r = sizes.len();
+    let (n, c) = if r == 4 {
+        (sizes[0], sizes[1])
+    } else {
+        (1, sizes[0])
+    };
+    let k = pair(b, first, None)?;
+    let d = pair(b, first + 1, Some([1, 1]))?;
+    let p = pair(b, first + 2, Some([0, 0]))?;
+    let s = pair(b, first + 3, Some([1, 1]))?;
+    let (h, w) = (sizes[r - 2], sizes[r - 1]);
+    let out = [
+        output_size(h, k[0], s[0], p[0], d[0], false),
+        output_size(w, k[1], s[1], p[1], d[1], false),
+    ];
+    if out[0] < 1 || out[1] < 1 {
+        return Err(Error::invalid(
+            format!("{}: geometry", b.op_name()),
+            "at least one block",
+            format!("{out:?}"),
+        ));
+    }
+    Ok((
+        Pool {
+            planes: n * c,
+            h,
+            w,
+            k,
+            s,
+            p,
+            d,
+            out,
+        },
+        n,
+        c,
+    ))
+}
+
+/// im2col(self, kernel_size, dilation, padding, stride) -> [N, C*kh*kw, L]
+/// (nn.Unfold): every sliding block as a column, zeros where it overlaps
+/// the padding.
+fn im2col(b: &mut Builder) -> Result<()> {
+    let (x, dtype, sizes) = float_input(b)?;
+    let (g, n, c) = patch_geometry(b, &sizes, 1)?;
+    let (rows, cols, shape) = window_coords(b, &g)?;
+    let (valid, _, flat) = window_index(b, &g, rows, cols, &shape)?;
+    let values = b.flat_gather(x, flat);
+    let zeros = b.constant(Literal::Int(0), dtype, &shape);
+    let values = b.select(valid, values, zeros)?;
+    // [N*C, OH, OW, KH, KW] → [N, C, KH, KW, OH, OW] → [N, C*KH*KW, OH*OW]
+    let values = b.reshape(values, &[n, c, g.out[0], g.out[1], g.k[0], g.k[1]])?;
+    let values = b.transpose(values, &[0, 1, 4, 5, 2, 3]);
+    let mut out = vec![n, c * g.k[0] * g.k[1], g.out[0] * g.out[1]];
+    if sizes.len() == 3 {
+        out.remove(0);
+    }
+    let values = b.reshape(values, &out)?;
+    b.output(values)
+}
+
+/// col2im(self, output_size, kernel_size, dilation, padding, stride)
+/// (nn.Fold): columns summed back into their blocks' positions.
+fn col2im(b: &mut Builder) -> Result<()> {
+    let view = b.tensor_arg(0)?.view.clone();
+    let output_size = pair(b, 1, None)?;
+    let batched = view.sizes.len() == 3;
+    let (n, ckk) = if batched {
+        (view.sizes[0], view.sizes[1])
+    } else {
+        (1, view.sizes[0])
+    };
+    let k = pair(b, 2, None)?;
+    if ckk % (k[0] * k[1]) != 0 {
+        return Err(b.arg_error(
+            0,
+            format!("a channel dim divisible by {}", k[0] * k[1]),
+            ckk,
+        ));
+    }
+    let c = ckk / (k[0] * k[1]);
+    let image = if batched {
+        vec![n, c, output_size[0], output_size[1]]
+    } else {
+        vec![c, output_size[0], output_size[1]]
+    };
+    let (g, _, _) = patch_geometry(b, &image, 2)?;
+    let blocks = *view.sizes.last().unwrap_or(&0);
+    if blocks != g.out[0] * g.out[1] {
+        return Err(b.arg_error(
+            0,
+            format!(
+                "{} blocks for output size {output_size:?}",
+                g.out[0] * g.out[1]
+            ),
+            blocks,
+        ));
+    }
+    let x = b.tensor(0)?;
+    let x = b.reshape(x, &[n, c, g.k[0], g.k[1], g.out[0], g.out[1]])?;
+    let x = b.transpose(x, &[0, 1, 4, 5, 2, 3]);
+    let (rows, cols, shape) = window_coords(b, &g)?;
+    let x = b.reshape(x, &shape)?;
+    let (valid, _, flat) = window_index(b, &g, rows, cols, &shape)?;
+    let zeros = b.constant(Literal::Int(0), view.dtype, &shape);
+    let x = b.select(valid, x, zeros)?;
+    let acc = b.constant(Literal::Int(0), view.dtype, &[g.planes * g.h * g.w]);
+    let out = b.flat_scatter_add(acc, flat, x);
+    let out = b.reshape(out, &image)?;
+    b.output(out)
+}
+
 pub(super) fn ops() -> Vec<OpDef> {
     vec![
         op("aten::max_pool2d_with_indices", max_pool),
@@ -479,5 +600,9 @@ pub(super) fn ops() -> Vec<OpDef> {
             adaptive_avg_pool_backward,
         ),
         op("aten::constant_pad_nd", constant_pad),
+        op("aten::im2col", im2col),
+        op("aten::im2col.out", im2col),
+        op("aten::col2im", col2im),
+        op("aten::col2im.out", col2im),
     ]
 }
