@@ -71,24 +71,10 @@ fn cat(b: &mut Builder) -> Result<()> {
 /// `[-size, size)`; returns nothing, but a bad index is a clear error.
 fn check_indices(b: &Builder, index: usize, size: i64) -> Result<()> {
     let t = b.tensor_arg(index)?;
-    let bytes = t.storage.read_view(&t.view)?;
-    let values: Vec<i64> = match t.view.dtype {
-        DType::I64 => bytes
-            .chunks_exact(8)
-            .map(|c| i64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect(),
-        DType::I32 => bytes
-            .chunks_exact(4)
-            .map(|c| i32::from_ne_bytes(c.try_into().unwrap_or([0; 4])) as i64)
-            .collect(),
-        DType::I16 => bytes
-            .chunks_exact(2)
-            .map(|c| i16::from_ne_bytes(c.try_into().unwrap_or([0; 2])) as i64)
-            .collect(),
-        DType::I8 => bytes.iter().map(|&v| v as i8 as i64).collect(),
-        DType::U8 => bytes.iter().map(|&v| v as i64).collect(),
-        other => return Err(b.arg_error(index, "an integer index tensor", other)),
-    };
+    if matches!(t.view.dtype, DType::Bool) || is_float(t.view.dtype) {
+        return Err(b.arg_error(index, "an integer index tensor", t.view.dtype));
+    }
+    let values = super::index::host_values(t)?;
     if let Some(bad) = values.iter().find(|&&v| v < -size || v >= size) {
         return Err(Error::invalid(
             format!("{}: index", b.op_name()),
@@ -260,6 +246,28 @@ pub(super) fn uniform01(
     dtype: DType,
     dims: &[i64],
 ) -> Result<ValueId> {
+    uniform_stream(b, generator, dtype, dims, 0)
+}
+
+/// A second uniform draw, independent of `uniform01`'s for the same
+/// generator state.
+pub(super) fn uniform01_second(
+    b: &mut Builder,
+    generator: usize,
+    dtype: DType,
+    dims: &[i64],
+) -> Result<ValueId> {
+    uniform_stream(b, generator, dtype, dims, 1 << 63)
+}
+
+/// Uniform [0, 1) floats from the Threefry key (seed, offset ^ stream).
+fn uniform_stream(
+    b: &mut Builder,
+    generator: usize,
+    dtype: DType,
+    dims: &[i64],
+    stream: u64,
+) -> Result<ValueId> {
     let (seed, offset) = match b.arg(generator)? {
         Arg::Generator { seed, offset } => (*seed, *offset),
         other => {
@@ -270,7 +278,7 @@ pub(super) fn uniform01(
             ))
         }
     };
-    let key = b.rng_key(seed, offset);
+    let key = b.rng_key(seed, offset ^ stream);
     // 23 (or 52) random mantissa bits under exponent 0 give [1, 2); minus 1.
     let (bits_ty, float_ty, shift, one_bits) = if dtype == DType::F64 {
         (
@@ -281,44 +289,6 @@ pub(super) fn uniform01(
         )
     } else {
         (DType::U32, DType::F32, 9, 0x3F80_0000)
-    };
-    let bits = b.rng_bits(key, bits_ty, dims);
-    let shift = b.constant(Literal::Int(shift), bits_ty, dims);
-    let mantissa = b.binary(BinaryOp::ShiftRightLogical, bits, shift)?;
-    let one = b.constant(Literal::Int(one_bits), bits_ty, dims);
-    let with_exponent = b.binary(BinaryOp::Or, mantissa, one)?;
-    let in_one_two = b.bitcast(with_exponent, float_ty);
-    let one_f = b.constant(Literal::Float(1.0), float_ty, dims);
-    b.binary(BinaryOp::Sub, in_one_two, one_f)
-}
-
-/// A second uniform draw, independent of `uniform01`'s for the same
-/// generator state (the key's offset has its top bit set).
-pub(super) fn uniform01_second(
-    b: &mut Builder,
-    generator: usize,
-    dtype: DType,
-    dims: &[i64],
-) -> Result<ValueId> {
-    let (seed, offset) = match b.arg(generator)? {
-        Arg::Generator { seed, offset } => (*seed, *offset),
-        other => return Err(b.arg_error(generator, "a Generator", other.kind())),
-    };
-    let key = b.rng_key(seed, offset ^ (1 << 63));
-    let float_ty = if dtype == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
-    let bits_ty = if float_ty == DType::F64 {
-        DType::U64
-    } else {
-        DType::U32
-    };
-    let (shift, one_bits) = if float_ty == DType::F64 {
-        (12i64, 0x3FF0_0000_0000_0000u64 as i64)
-    } else {
-        (9, 0x3F80_0000)
     };
     let bits = b.rng_bits(key, bits_ty, dims);
     let shift = b.constant(Literal::Int(shift), bits_ty, dims);
@@ -401,26 +371,9 @@ fn normal(b: &mut Builder) -> Result<()> {
     } else {
         DType::F32
     };
-    // Two independent uniform draws from one key: the first and second half.
-    let mut pair_dims = vec![2];
-    pair_dims.extend_from_slice(&dims);
-    let u = uniform01(b, 3, dtype, &pair_dims)?;
-    let numel: i64 = dims.iter().product();
-    let flat = b.reshape(u, &[2, numel])?;
-    let u1 = b.slice(flat, &[0, 0], &[1, numel], &[1, 1]);
-    let u2 = b.slice(flat, &[1, 0], &[2, numel], &[1, 1]);
-    let (u1, u2) = (b.reshape(u1, &dims)?, b.reshape(u2, &dims)?);
-    // 1 - u1 lies in (0, 1], so its log is finite.
-    let one = b.constant(Literal::Float(1.0), work, &dims);
-    let u1 = b.binary(BinaryOp::Sub, one, u1)?;
-    let log = b.unary(UnaryOp::Log, u1);
-    let minus_two = b.constant(Literal::Float(-2.0), work, &dims);
-    let r2 = b.binary(BinaryOp::Mul, minus_two, log)?;
-    let r = b.unary(UnaryOp::Sqrt, r2);
-    let two_pi = b.constant(Literal::Float(std::f64::consts::TAU), work, &dims);
-    let theta = b.binary(BinaryOp::Mul, two_pi, u2)?;
-    let c = b.unary(UnaryOp::Cos, theta);
-    let z = b.binary(BinaryOp::Mul, r, c)?;
+    let u1 = uniform01(b, 3, dtype, &dims)?;
+    let u2 = uniform01_second(b, 3, dtype, &dims)?;
+    let z = box_muller(b, u1, u2)?;
     let std = b.scalar_arg(2, work)?;
     let std = b.broadcast_to(std, &dims)?;
     let mean = b.scalar_arg(1, work)?;

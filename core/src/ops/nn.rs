@@ -179,25 +179,14 @@ fn nll_parts(
 /// clear error (as on CPU), not a silent zero.
 fn check_targets(b: &Builder, target: usize, classes: i64, ignore_index: i64) -> Result<()> {
     let t = b.tensor_arg(target)?;
-    let bytes = t.storage.read_view(&t.view)?;
-    let values: Vec<i64> = match t.view.dtype {
-        DType::I64 => bytes
-            .chunks_exact(8)
-            .map(|c| i64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect(),
-        DType::I32 => bytes
-            .chunks_exact(4)
-            .map(|c| i32::from_ne_bytes(c.try_into().unwrap_or([0; 4])) as i64)
-            .collect(),
-        DType::U8 => bytes.iter().map(|&v| v as i64).collect(),
-        other => {
-            return Err(Error::invalid(
-                format!("{}: target", b.op_name()),
-                "an integer tensor",
-                other,
-            ))
-        }
-    };
+    if t.view.dtype == DType::Bool || is_float(t.view.dtype) {
+        return Err(Error::invalid(
+            format!("{}: target", b.op_name()),
+            "an integer tensor",
+            t.view.dtype,
+        ));
+    }
+    let values = super::index::host_values(t)?;
     if let Some(bad) = values
         .iter()
         .find(|&&v| v != ignore_index && (v < 0 || v >= classes))
