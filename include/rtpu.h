@@ -738,10 +738,13 @@ const char *rtpu_op_name(size_t index);
 
 /**
  * Runs op `op` (an index below `rtpu_op_count()`) on the runtime's devices.
- * Inputs are read and in-place outputs written before this returns; any
- * error leaves every argument's storage as it was. On success the caller
- * owns `*result_out`. Thread-safe (ops on disjoint storages may run
- * concurrently).
+ * The op is checked (shapes, dtypes, index ranges) and enqueued on the
+ * device; in-place outputs take their new values before this returns, and
+ * an error this call reports leaves every argument's storage as it was.
+ * Execution itself is asynchronous: a later read waits for it (a failure
+ * there, rare once the checks passed, surfaces at that read). On success
+ * the caller owns `*result_out`. Thread-safe (ops on disjoint storages may
+ * run concurrently).
  */
 struct rtpu_error *rtpu_op_call(const struct rtpu_runtime *runtime, size_t op, const struct rtpu_op_arg *args, size_t num_args, struct rtpu_op_result **result_out);
 

@@ -193,10 +193,13 @@ struct ResultOutput {
 }
 
 /// Runs op `op` (an index below `rtpu_op_count()`) on the runtime's devices.
-/// Inputs are read and in-place outputs written before this returns; any
-/// error leaves every argument's storage as it was. On success the caller
-/// owns `*result_out`. Thread-safe (ops on disjoint storages may run
-/// concurrently).
+/// The op is checked (shapes, dtypes, index ranges) and enqueued on the
+/// device; in-place outputs take their new values before this returns, and
+/// an error this call reports leaves every argument's storage as it was.
+/// Execution itself is asynchronous: a later read waits for it (a failure
+/// there, rare once the checks passed, surfaces at that read). On success
+/// the caller owns `*result_out`. Thread-safe (ops on disjoint storages may
+/// run concurrently).
 #[no_mangle]
 pub extern "C" fn rtpu_op_call(
     runtime: *const rtpu_runtime,
