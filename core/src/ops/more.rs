@@ -613,20 +613,7 @@ fn order_statistic(b: &mut Builder, median: bool) -> Result<()> {
     let ones = vec![1; work.len()];
     let v = b.slice(values, &start, &limit, &ones);
     let i = b.slice(indices, &start, &limit, &ones);
-    let shape: Vec<i64> = if keepdim {
-        view.sizes
-            .iter()
-            .enumerate()
-            .map(|(k, &s)| if k == d { 1 } else { s })
-            .collect()
-    } else {
-        view.sizes
-            .iter()
-            .enumerate()
-            .filter(|(k, _)| *k != d)
-            .map(|(_, &s)| s)
-            .collect()
-    };
+    let shape = super::reduce::reduced_shape(&view.sizes, d, keepdim);
     let v = b.reshape(v, &shape)?;
     let i = b.reshape(i, &shape)?;
     b.output(v)?;
@@ -716,20 +703,7 @@ fn nanmedian(b: &mut Builder, with_dim: bool) -> Result<()> {
         let value = b.reshape(value, &[])?;
         return b.output(value);
     }
-    let shape: Vec<i64> = if keepdim {
-        view.sizes
-            .iter()
-            .enumerate()
-            .map(|(k, &s)| if k == d { 1 } else { s })
-            .collect()
-    } else {
-        view.sizes
-            .iter()
-            .enumerate()
-            .filter(|(k, _)| *k != d)
-            .map(|(_, &s)| s)
-            .collect()
-    };
+    let shape = super::reduce::reduced_shape(&view.sizes, d, keepdim);
     let value = b.reshape(value, &shape)?;
     let index = b.select(no_values, zero, index)?;
     let index = b.reshape(index, &shape)?;

@@ -93,6 +93,25 @@ fn sum_mean(
     b.output(out)
 }
 
+/// The sizes after reducing dim `d` of `sizes`: kept as 1 with keepdim,
+/// dropped otherwise.
+pub(super) fn reduced_shape(sizes: &[i64], d: usize, keepdim: bool) -> Vec<i64> {
+    if keepdim {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(k, &s)| if k == d { 1 } else { s })
+            .collect()
+    } else {
+        sizes
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| *k != d)
+            .map(|(_, &s)| s)
+            .collect()
+    }
+}
+
 /// The dtype sums accumulate in: float32 for 16-bit floats.
 pub(super) fn accumulate_dtype(dtype: DType) -> DType {
     if matches!(dtype, DType::F16 | DType::BF16) {
@@ -380,20 +399,7 @@ fn extreme_dim(b: &mut Builder, op: ReduceOp) -> Result<()> {
     let big = b.constant(Literal::Int(i64::MAX), DType::I64, &work);
     let candidates = b.select(hit, iota, big)?;
     let index = b.reduce(candidates, ReduceOp::Min, &[d as i64]);
-    let shape: Vec<i64> = if keepdim {
-        view.sizes
-            .iter()
-            .enumerate()
-            .map(|(k, &s)| if k == d { 1 } else { s })
-            .collect()
-    } else {
-        view.sizes
-            .iter()
-            .enumerate()
-            .filter(|(k, _)| *k != d)
-            .map(|(_, &s)| s)
-            .collect()
-    };
+    let shape = reduced_shape(&view.sizes, d, keepdim);
     let values = b.reshape(values, &shape)?;
     let index = b.reshape(index, &shape)?;
     b.output(values)?;
