@@ -427,6 +427,11 @@ bool is_tensor_list(const c10::TypePtr& type) {
 }
 
 ResultPtr call(size_t op, const std::vector<rtpu_op_arg>& args) {
+  // A recorded op keeps its Python line, for errors raised when its graph
+  // runs later; eager errors surface at the call itself.
+  if (rtpu_engine_mode() == RTPU_MODE_DEFERRED) {
+    rtpu_location_set_current(python_location());
+  }
   rtpu_op_result* raw = nullptr;
   check(rtpu_op_call(runtime(), op, args.data(), args.size(), &raw));
   return ResultPtr(raw);

@@ -26,13 +26,38 @@ std::vector<int64_t> op_engine_metrics() {
   rtpu_metrics m{};
   m.struct_size = RTPU_METRICS_STRUCT_SIZE;
   check(rtpu_metrics_get(&m));
-  return {
-      static_cast<int64_t>(m.ops_run),
-      static_cast<int64_t>(m.executables_compiled),
-      static_cast<int64_t>(m.cache_hits),
-      static_cast<int64_t>(m.host_to_device_bytes),
-      static_cast<int64_t>(m.device_to_host_bytes),
+  const uint64_t fields[] = {
+      m.ops_run,          m.ops_recorded,        m.executables_compiled,
+      m.cache_hits,       m.disk_cache_hits,     m.graph_executions,
+      m.recompiles,       m.record_ns,           m.compile_ns,
+      m.execute_ns,       m.wait_ns,             m.host_to_device_bytes,
+      m.device_to_host_bytes, m.live_buffers,
   };
+  return std::vector<int64_t>(std::begin(fields), std::end(fields));
+}
+
+void op_set_deferred(bool deferred) {
+  check(rtpu_engine_set_mode(deferred ? RTPU_MODE_DEFERRED : RTPU_MODE_EAGER));
+}
+
+bool op_is_deferred() {
+  return rtpu_engine_mode() == RTPU_MODE_DEFERRED;
+}
+
+void op_flush(const std::string& site) {
+  check(rtpu_engine_flush(site.empty() ? nullptr : site.c_str()));
+}
+
+void op_set_explain_recompiles(bool on) {
+  rtpu_engine_set_explain_recompiles(on);
+}
+
+void op_set_recompile_limit(int64_t limit) {
+  rtpu_engine_set_recompile_limit(limit);
+}
+
+void op_set_internal_paths(std::vector<std::string> prefixes) {
+  set_internal_paths(prefixes);
 }
 
 int64_t op_device_count() {
@@ -52,9 +77,8 @@ void op_set_device(int64_t device) {
 }
 
 void op_synchronize(int64_t device) {
-  // rtpu_op_call and the transfers return once their work is done, so there
-  // is nothing to wait for; the index is still checked.
   check_device_index(static_cast<c10::DeviceIndex>(device));
+  check(rtpu_engine_synchronize());
 }
 
 std::string op_platform_name() {
@@ -75,9 +99,17 @@ TORCH_LIBRARY(rtpu, m) {
   m.def(
       "fallback_counts() -> (str[] ops, int[] counts)",
       TORCH_FN(op_fallback_counts));
-  // ops_run, executables_compiled, cache_hits, host_to_device_bytes,
-  // device_to_host_bytes (the fields of rtpu_metrics, in order).
+  // The fields of rtpu_metrics, in the order of op_engine_metrics.
   m.def("engine_metrics() -> int[]", TORCH_FN(op_engine_metrics));
+  m.def("set_deferred(bool deferred) -> ()", TORCH_FN(op_set_deferred));
+  m.def("is_deferred() -> bool", TORCH_FN(op_is_deferred));
+  // site: where the flush was asked for ("" for the current op's line).
+  m.def("flush(str site) -> ()", TORCH_FN(op_flush));
+  m.def("set_explain_recompiles(bool on) -> ()", TORCH_FN(op_set_explain_recompiles));
+  // A negative limit removes it.
+  m.def("set_recompile_limit(int limit) -> ()", TORCH_FN(op_set_recompile_limit));
+  // Python files under these prefixes are not the user's line.
+  m.def("set_internal_paths(str[] prefixes) -> ()", TORCH_FN(op_set_internal_paths));
   m.def("device_count() -> int", TORCH_FN(op_device_count));
   m.def("is_initialized() -> bool", TORCH_FN(op_is_initialized));
   m.def("current_device() -> int", TORCH_FN(op_current_device));

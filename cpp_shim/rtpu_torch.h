@@ -104,6 +104,12 @@ at::Tensor to_device(const at::Tensor& src, c10::Device device);
 
 // ----- minimal_ops.cpp -----------------------------------------------------
 
+// The location id (rtpu_location_intern) of the innermost Python frame
+// whose file is not under one of the internal path prefixes; 0 when there is
+// no Python frame on this thread.
+uint32_t python_location();
+void set_internal_paths(const std::vector<std::string>& prefixes);
+
 // Schema names ("aten::view") the shim implements itself; the boxed kernel
 // never registers these.
 const std::unordered_set<std::string>& shim_op_names();

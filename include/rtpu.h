@@ -86,6 +86,25 @@
 #define RTPU_BUFFER_FROM_HOST_ARGS_STRUCT_SIZE 56
 
 /**
+ * `sizeof(rtpu_metrics)`. Callers built against the first ABI v0 header
+ * pass 48 and get the fields up to `device_to_host_bytes`.
+ */
+#define RTPU_METRICS_STRUCT_SIZE 120
+
+/**
+ * Execution modes of `rtpu_engine_set_mode` (`uint32_t`).
+ * Each op runs as its own program when it is called (the default).
+ */
+#define RTPU_MODE_EAGER 0
+
+/**
+ * Ops are recorded into one pending graph per device, run as one program
+ * at `rtpu_engine_flush`, `rtpu_engine_synchronize`, or when a host read
+ * needs a pending value.
+ */
+#define RTPU_MODE_DEFERRED 1
+
+/**
  * Success; never carried by an `rtpu_error` (success is a NULL error).
  */
 #define RTPU_ERROR_CODE_OK 0
@@ -217,11 +236,6 @@
 #define RTPU_OP_OUTPUT_STRUCT_SIZE 64
 
 /**
- * `sizeof(rtpu_metrics)` in ABI v0.
- */
-#define RTPU_METRICS_STRUCT_SIZE 48
-
-/**
  * The value type of an `rtpu_named_value`.
  */
 #define RTPU_VALUE_INT64 0
@@ -320,6 +334,61 @@ typedef struct rtpu_buffer_from_host_args {
    */
   size_t device_index;
 } rtpu_buffer_from_host_args;
+
+/**
+ * Engine counters since the process started, filled by `rtpu_metrics_get`.
+ * Times are in nanoseconds.
+ */
+typedef struct rtpu_metrics {
+  /**
+   * In: set to `RTPU_METRICS_STRUCT_SIZE` by the caller.
+   */
+  size_t struct_size;
+  /**
+   * Ops run one at a time by `rtpu_op_call` (eager mode).
+   */
+  uint64_t ops_run;
+  /**
+   * Programs compiled by XLA.
+   */
+  uint64_t executables_compiled;
+  /**
+   * Programs found in the in-memory cache.
+   */
+  uint64_t cache_hits;
+  uint64_t host_to_device_bytes;
+  uint64_t device_to_host_bytes;
+  /**
+   * Ops recorded into pending graphs (deferred mode).
+   */
+  uint64_t ops_recorded;
+  /**
+   * Programs loaded from the disk cache instead of compiled.
+   */
+  uint64_t disk_cache_hits;
+  /**
+   * Deferred graphs run.
+   */
+  uint64_t graph_executions;
+  /**
+   * Compiles at a flush site that had compiled another graph before.
+   */
+  uint64_t recompiles;
+  uint64_t record_ns;
+  uint64_t compile_ns;
+  /**
+   * Time launching programs (device time overlaps the host's).
+   */
+  uint64_t execute_ns;
+  /**
+   * Time the host waited for device results.
+   */
+  uint64_t wait_ns;
+  /**
+   * PJRT buffers alive now.
+   */
+  uint64_t live_buffers;
+} rtpu_metrics;
 
 /**
  * Arguments of `rtpu_executable_compile`.
@@ -458,30 +527,6 @@ typedef struct rtpu_op_output {
    */
   uint32_t dtype;
 } rtpu_op_output;
-
-/**
- * Engine counters since the process started, filled by `rtpu_metrics_get`.
- */
-typedef struct rtpu_metrics {
-  /**
-   * In: set to `RTPU_METRICS_STRUCT_SIZE` by the caller.
-   */
-  size_t struct_size;
-  /**
-   * Ops run by `rtpu_op_call`.
-   */
-  uint64_t ops_run;
-  /**
-   * Programs compiled by XLA.
-   */
-  uint64_t executables_compiled;
-  /**
-   * Op calls served by an already compiled program.
-   */
-  uint64_t cache_hits;
-  uint64_t host_to_device_bytes;
-  uint64_t device_to_host_bytes;
-} rtpu_metrics;
 
 /**
  * A named client create option (e.g. `cpu_device_count` for the CPU plugin).
@@ -642,6 +687,67 @@ struct rtpu_error *rtpu_buffer_copy_to_device(const struct rtpu_buffer *buffer, 
 void rtpu_buffer_destroy(struct rtpu_buffer *buffer);
 
 /**
+ * Fills `*metrics_out` up to its `struct_size` (which the caller sets, at
+ * least 48). Thread-safe.
+ */
+struct rtpu_error *rtpu_metrics_get(struct rtpu_metrics *metrics_out);
+
+/**
+ * Sets the process-wide execution mode (`RTPU_MODE_*`). Leaving deferred
+ * mode flushes every pending graph, whose error (if any) is returned; the
+ * mode is eager afterwards either way. Thread-safe.
+ */
+struct rtpu_error *rtpu_engine_set_mode(uint32_t mode);
+
+/**
+ * The current execution mode (`RTPU_MODE_*`). Thread-safe.
+ */
+uint32_t rtpu_engine_mode(void);
+
+/**
+ * Runs every pending graph (without waiting for the device). `site`
+ * (NUL-terminated, borrowed; NULL for the calling thread's current
+ * location) names where the flush was asked for: recompiles are counted
+ * and explained per site. A failed graph's error names the lines that
+ * recorded its ops; storages it would have overwritten keep their values.
+ * Thread-safe.
+ */
+struct rtpu_error *rtpu_engine_flush(const char *site);
+
+/**
+ * Flushes every pending graph and waits until the device has run them.
+ * Thread-safe.
+ */
+struct rtpu_error *rtpu_engine_synchronize(void);
+
+/**
+ * The id of a source location text (e.g. "train.py:42"), for
+ * `rtpu_location_set_current`; equal texts get equal ids. NULL gives 0,
+ * the unknown location. The text is copied. Thread-safe.
+ */
+uint32_t rtpu_location_intern(const char *text);
+
+/**
+ * Sets the location that the calling thread's next ops are recorded at
+ * (what errors and recompile explanations name). Thread-safe (per thread).
+ */
+void rtpu_location_set_current(uint32_t location);
+
+/**
+ * Prints an explanation of every recompile to stderr when `on` (also
+ * turned on by the environment variable `RTPU_DEBUG=recompile`).
+ * Thread-safe.
+ */
+void rtpu_engine_set_explain_recompiles(bool on);
+
+/**
+ * After `limit` recompiles at one flush site, the next one fails with an
+ * error carrying its explanation; a negative `limit` removes the limit.
+ * Thread-safe.
+ */
+void rtpu_engine_set_recompile_limit(int64_t limit);
+
+/**
  * The error's code, one of `RTPU_ERROR_CODE_*`.
  *
  * NULL `error` (success) gives `RTPU_ERROR_CODE_OK`. Thread-safe.
@@ -764,11 +870,6 @@ struct rtpu_error *rtpu_op_result_get(const struct rtpu_op_result *result, size_
  * own references). NULL is a no-op.
  */
 void rtpu_op_result_destroy(struct rtpu_op_result *result);
-
-/**
- * Fills `*metrics_out` (whose `struct_size` the caller sets). Thread-safe.
- */
-struct rtpu_error *rtpu_metrics_get(struct rtpu_metrics *metrics_out);
 
 /**
  * Loads a PJRT plugin and creates a client on it.

@@ -131,6 +131,33 @@ pub enum Error {
 
     #[error("PJRT buffer type {raw} has no rtpu dtype")]
     UnsupportedBufferType { raw: u32 },
+
+    /// Running a deferred graph failed; `ops` names what it recorded and
+    /// where, `culprit` the op the failure points at when it is known.
+    #[error("the deferred graph flushed at {site} ({ops}) failed{culprit}: {message}")]
+    DeferredGraph {
+        site: String,
+        ops: String,
+        culprit: String,
+        code: ErrorCode,
+        message: String,
+    },
+
+    /// A tensor whose value a failed deferred graph was to compute.
+    #[error("this tensor has no value: {message}")]
+    LostValue { code: ErrorCode, message: String },
+
+    /// `rtpu.set_recompile_limit(n)` was passed at a site.
+    #[error(
+        "{site} would compile its graph number {count}, past the recompile limit of {limit}: \
+         {explanation}"
+    )]
+    RecompileLimit {
+        site: String,
+        count: u64,
+        limit: u64,
+        explanation: String,
+    },
 }
 
 impl Error {
@@ -144,6 +171,8 @@ impl Error {
                 ErrorCode::InvalidArgument
             }
             Error::UnsupportedBufferType { .. } => ErrorCode::Unimplemented,
+            Error::DeferredGraph { code, .. } | Error::LostValue { code, .. } => *code,
+            Error::RecompileLimit { .. } => ErrorCode::FailedPrecondition,
         }
     }
 

@@ -175,14 +175,40 @@ pub enum ReduceOp {
 }
 
 /// A scalar literal, converted to the node's dtype when lowered.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug)]
 pub enum Literal {
     Float(f64),
     Int(i64),
     Bool(bool),
 }
 
-#[derive(Clone, Debug, PartialEq)]
+// Literals compare and hash by bits: graphs are cache keys, and two
+// constants are the same program exactly when their bits are equal.
+impl PartialEq for Literal {
+    fn eq(&self, other: &Literal) -> bool {
+        match (self, other) {
+            (Literal::Float(a), Literal::Float(b)) => a.to_bits() == b.to_bits(),
+            (Literal::Int(a), Literal::Int(b)) => a == b,
+            (Literal::Bool(a), Literal::Bool(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Literal {}
+
+impl std::hash::Hash for Literal {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::mem::discriminant(self).hash(state);
+        match self {
+            Literal::Float(v) => v.to_bits().hash(state),
+            Literal::Int(v) => v.hash(state),
+            Literal::Bool(v) => v.hash(state),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Node {
     /// The graph's `index`-th parameter.
     Param(usize),
@@ -315,12 +341,82 @@ pub enum Node {
     },
 }
 
+impl Node {
+    /// Calls `f` on every value the node reads, in a fixed order.
+    pub fn for_each_operand_mut(&mut self, mut f: impl FnMut(&mut ValueId)) {
+        match self {
+            Node::Param(_) | Node::Constant(_) | Node::Iota { .. } => {}
+            Node::Unary(_, x)
+            | Node::Convert(x)
+            | Node::BitcastConvert(x)
+            | Node::Reshape(x)
+            | Node::Broadcast { operand: x, .. }
+            | Node::Transpose { operand: x, .. }
+            | Node::Slice { operand: x, .. }
+            | Node::Reduce { operand: x, .. }
+            | Node::Reverse { operand: x, .. }
+            | Node::ReduceWindow { operand: x, .. }
+            | Node::SortPayload { sort: x }
+            | Node::RngBits { key: x } => f(x),
+            Node::Binary(_, x, y)
+            | Node::Compare(_, x, y)
+            | Node::Dot { lhs: x, rhs: y, .. }
+            | Node::Convolution { lhs: x, rhs: y, .. }
+            | Node::FlatGather {
+                operand: x,
+                indices: y,
+            }
+            | Node::UpdateSlice {
+                operand: x,
+                update: y,
+                ..
+            }
+            | Node::Pad {
+                operand: x,
+                value: y,
+                ..
+            }
+            | Node::Sort {
+                keys: x,
+                payload: y,
+                ..
+            } => {
+                f(x);
+                f(y);
+            }
+            Node::Select {
+                pred,
+                on_true,
+                on_false,
+            } => {
+                f(pred);
+                f(on_true);
+                f(on_false);
+            }
+            Node::FlatScatter {
+                operand,
+                indices,
+                updates,
+                ..
+            } => {
+                f(operand);
+                f(indices);
+                f(updates);
+            }
+            Node::Concat { operands, .. } => operands.iter_mut().for_each(f),
+        }
+    }
+}
+
 /// A function of typed parameters: nodes in definition order, outputs last.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Graph {
     pub params: Vec<TensorType>,
     pub nodes: Vec<(Node, TensorType)>,
     pub outputs: Vec<ValueId>,
+    /// Parameters whose buffers the caller donates: XLA may reuse their
+    /// memory for outputs of the same type.
+    pub donors: Vec<usize>,
 }
 
 impl Graph {

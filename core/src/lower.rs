@@ -32,6 +32,10 @@ pub fn lower(graph: &Graph) -> String {
                 let _ = write!(out, "%unused{i}: {ty}");
             }
         }
+        if graph.donors.contains(&i) {
+            // XLA may alias the donated buffer with an output of its type.
+            out.push_str(" {jax.buffer_donor = true}");
+        }
     }
     out.push_str(") -> (");
     for (i, &v) in graph.outputs.iter().enumerate() {
@@ -471,9 +475,10 @@ mod tests {
                 (Node::Unary(UnaryOp::Tanh, 4), f32x2.clone()),
             ],
             outputs: vec![5],
+            donors: vec![1],
         };
         let want = r#"module @rtpu {
-  func.func public @main(%v0: tensor<2xf32>, %v1: tensor<2xf32>) -> (tensor<2xf32>) {
+  func.func public @main(%v0: tensor<2xf32>, %v1: tensor<2xf32> {jax.buffer_donor = true}) -> (tensor<2xf32>) {
     %v2 = "stablehlo.add"(%v0, %v1) : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>
     %v3 = "stablehlo.constant"() {value = dense<0x3F000000> : tensor<2xf32>} : () -> tensor<2xf32>
     %v4 = "stablehlo.multiply"(%v2, %v3) : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>

@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
 use crate::runtime::{Buffer, Client, Device};
 
 /// What a storage holds now.
@@ -18,6 +18,11 @@ pub enum StorageValue {
     Zeros,
     /// A flat (1-D) buffer of `nbytes / dtype.size_in_bytes()` elements.
     Buffer { buffer: Arc<Buffer>, dtype: DType },
+    /// A flat value of `dtype` that the device's pending graph computes
+    /// (deferred mode); reading it flushes that graph.
+    Pending { dtype: DType },
+    /// The deferred graph that was to compute the value failed.
+    Failed { code: ErrorCode, message: String },
 }
 
 /// A storage on one device. Cheap to share; the value is replaced, never
@@ -204,8 +209,47 @@ impl Storage {
         self.state().nbytes
     }
 
-    pub fn value(&self) -> StorageValue {
+    /// The value, with a pending one computed first (a flush of the
+    /// device's pending graph): never `Pending`; `Failed` is an error.
+    pub fn value(&self) -> Result<StorageValue> {
+        let value = self.recorded_value();
+        let value = match value {
+            StorageValue::Pending { .. } => {
+                crate::engine::deferred::flush_device(&self.client, self.device_index)?;
+                self.recorded_value()
+            }
+            other => other,
+        };
+        match value {
+            StorageValue::Failed { code, message } => Err(Error::LostValue { code, message }),
+            StorageValue::Pending { dtype } => Err(Error::LostValue {
+                code: ErrorCode::Internal,
+                message: format!("its {dtype} value is in no pending graph"),
+            }),
+            ready => Ok(ready),
+        }
+    }
+
+    /// The value as it stands, pending or not (what recording reads).
+    pub fn recorded_value(&self) -> StorageValue {
         self.state().value.clone()
+    }
+
+    /// A storage of `nbytes` whose value the pending graph computes.
+    pub(crate) fn pending(
+        client: &Client,
+        device_index: usize,
+        nbytes: usize,
+        dtype: DType,
+    ) -> Result<Arc<Storage>> {
+        let storage = Storage::new(client, device_index, nbytes)?;
+        storage.set_recorded(StorageValue::Pending { dtype });
+        Ok(storage)
+    }
+
+    /// Replaces the value without checks (the deferred engine's bookkeeping).
+    pub(crate) fn set_recorded(&self, value: StorageValue) {
+        self.state().value = value;
     }
 
     /// Replaces the value with a flat buffer of `dtype` covering all bytes.
@@ -242,17 +286,25 @@ impl Storage {
 
     /// All bytes of the storage on the host (zeros if never written).
     pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
-        let (nbytes, value) = {
-            let state = self.state();
-            (state.nbytes, state.value.clone())
+        let value = self.value()?;
+        // Values reach the host only after the device checks of the graphs
+        // before them passed.
+        crate::engine::deferred::verify_checks()?;
+        let value = match value {
+            StorageValue::Buffer { .. } => self.value()?,
+            other => other,
         };
+        let nbytes = self.nbytes();
         match value {
-            StorageValue::Zeros => Ok(vec![0u8; nbytes]),
             StorageValue::Buffer { buffer, .. } => {
                 crate::engine::D2H_BYTES
                     .fetch_add(nbytes as u64, std::sync::atomic::Ordering::Relaxed);
-                buffer.to_host()
+                let start = std::time::Instant::now();
+                let bytes = buffer.to_host();
+                crate::engine::record_wait(start.elapsed());
+                bytes
             }
+            _ => Ok(vec![0u8; nbytes]),
         }
     }
 
@@ -264,6 +316,11 @@ impl Storage {
         }
         crate::engine::H2D_BYTES
             .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        // A pending value would be installed over these bytes when its
+        // graph runs: run it first (a failed value is simply replaced).
+        if matches!(self.recorded_value(), StorageValue::Pending { .. }) {
+            crate::engine::deferred::flush_device(&self.client, self.device_index)?;
+        }
         let buffer =
             self.client
                 .buffer_from_host(bytes, dtype, &[elements as i64], &self.device)?;
@@ -318,18 +375,10 @@ impl Storage {
     /// Grows or shrinks the storage to `nbytes`, keeping the common prefix
     /// (PyTorch's `resize_` semantics; new bytes are zeros).
     pub fn resize(&self, nbytes: usize) -> Result<()> {
-        let (old_nbytes, value) = {
-            let state = self.state();
-            (state.nbytes, state.value.clone())
-        };
-        if nbytes == old_nbytes {
+        if nbytes == self.nbytes() {
             return Ok(());
         }
-        match value {
-            StorageValue::Zeros => {
-                self.state().nbytes = nbytes;
-                Ok(())
-            }
+        match self.value()? {
             StorageValue::Buffer { buffer, dtype } => {
                 let mut bytes = buffer.to_host()?;
                 bytes.resize(nbytes, 0);
@@ -339,6 +388,10 @@ impl Storage {
                 } else {
                     self.write_host_bytes(&bytes, DType::U8)
                 }
+            }
+            _ => {
+                self.state().nbytes = nbytes;
+                Ok(())
             }
         }
     }

@@ -14,6 +14,7 @@
 
 mod boundary;
 pub mod buffer;
+pub mod engine;
 pub mod error;
 pub mod executable;
 pub mod ops;

@@ -13,6 +13,7 @@ __all__ = [
     "current_device",
     "default_generator",
     "empty_cache",
+    "get_execution_mode",
     "get_rng_state",
     "get_rng_state_all",
     "initial_seed",
@@ -29,6 +30,7 @@ __all__ = [
     "seed",
     "seed_all",
     "set_device",
+    "set_execution_mode",
     "set_rng_state",
     "set_rng_state_all",
     "synchronize",
@@ -92,8 +94,25 @@ class device:
 
 
 def synchronize(device: Any = None) -> None:
-    """Waits for the device's pending work."""
+    """Runs every pending (deferred) graph and waits for the device's work."""
     _ops.synchronize(_index(device))
+
+
+_MODES = ("eager", "deferred")
+
+
+def set_execution_mode(mode: str) -> None:
+    """"eager" (the default) runs each op as it is called; "deferred" records
+    ops and runs them as one program at `rtpu.sync()`, at the end of an
+    `rtpu.step()` block, or when a value is read on the host. Leaving
+    deferred mode runs what is pending."""
+    if mode not in _MODES:
+        raise ValueError(f"execution mode must be one of {_MODES}, got {mode!r}")
+    _ops.set_deferred(mode == "deferred")
+
+
+def get_execution_mode() -> str:
+    return "deferred" if _ops.is_deferred() else "eager"
 
 
 # ----- random numbers ------------------------------------------------------

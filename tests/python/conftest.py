@@ -1,9 +1,20 @@
 """Shared setup: the `tpu` device, whether or not autoload is enabled."""
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
 
 import rtpu  # noqa: F401  (registers the device when autoload is off)
+
+# A compile cache of the session's own: tests count compiles, and the user's
+# cache stays untouched.
+_CACHE_DIR = tempfile.mkdtemp(prefix="rtpu-test-cache-")
+os.environ["RTPU_CACHE_DIR"] = _CACHE_DIR
+atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 
 # Explicit per-dtype tolerances for results computed by XLA against the same
 # computation on the CPU (summation order and fused ops may differ).

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
 
 /// Host values of an integer or bool tensor, row-major.
-pub(super) fn host_values(t: &TensorArg) -> Result<Vec<i64>> {
+pub(crate) fn host_values(t: &TensorArg) -> Result<Vec<i64>> {
     let bytes = t.storage.read_view(&t.view)?;
     let chunk = |n: usize| bytes.chunks_exact(n);
     Ok(match t.view.dtype {

@@ -67,22 +67,20 @@ fn cat(b: &mut Builder) -> Result<()> {
     b.output(out)
 }
 
-/// Reads an index tensor to the host and checks every index is in
-/// `[-size, size)`; returns nothing, but a bad index is a clear error.
-fn check_indices(b: &Builder, index: usize, size: i64) -> Result<()> {
+/// Checks every index is in `[-size, size)`: a bad index is a clear error.
+fn check_indices(b: &mut Builder, index: usize, size: i64) -> Result<()> {
     let t = b.tensor_arg(index)?;
     if matches!(t.view.dtype, DType::Bool) || is_float(t.view.dtype) {
         return Err(b.arg_error(index, "an integer index tensor", t.view.dtype));
     }
-    let values = super::index::host_values(t)?;
-    if let Some(bad) = values.iter().find(|&&v| v < -size || v >= size) {
-        return Err(Error::invalid(
-            format!("{}: index", b.op_name()),
+    let what = format!("{}: index", b.op_name());
+    b.check_range(t, (-size, size), None, |bad| {
+        Error::invalid(
+            what.clone(),
             format!("indices in [{}, {size})", -size),
             format!("index {bad} out of range for a dimension of size {size}"),
-        ));
-    }
-    Ok(())
+        )
+    })
 }
 
 /// Flat storage indices into `x_dims` (row-major) for an output of

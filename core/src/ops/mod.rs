@@ -9,7 +9,7 @@ mod activation;
 mod conv;
 mod extra;
 mod foreach;
-mod index;
+pub(crate) mod index;
 mod linalg;
 mod math;
 mod misc;

@@ -177,7 +177,7 @@ fn nll_parts(
 
 /// Reads the targets back to check their range: a bad class index must be a
 /// clear error (as on CPU), not a silent zero.
-fn check_targets(b: &Builder, target: usize, classes: i64, ignore_index: i64) -> Result<()> {
+fn check_targets(b: &mut Builder, target: usize, classes: i64, ignore_index: i64) -> Result<()> {
     let t = b.tensor_arg(target)?;
     if t.view.dtype == DType::Bool || is_float(t.view.dtype) {
         return Err(Error::invalid(
@@ -186,18 +186,14 @@ fn check_targets(b: &Builder, target: usize, classes: i64, ignore_index: i64) ->
             t.view.dtype,
         ));
     }
-    let values = super::index::host_values(t)?;
-    if let Some(bad) = values
-        .iter()
-        .find(|&&v| v != ignore_index && (v < 0 || v >= classes))
-    {
-        return Err(Error::invalid(
-            format!("{}: target", b.op_name()),
+    let what = format!("{}: target", b.op_name());
+    b.check_range(t, (0, classes), Some(ignore_index), |bad| {
+        Error::invalid(
+            what.clone(),
             format!("class indices in [0, {classes})"),
             format!("Target {bad} is out of bounds"),
-        ));
-    }
-    Ok(())
+        )
+    })
 }
 
 fn nll_loss_forward(b: &mut Builder) -> Result<()> {

@@ -1,6 +1,7 @@
 //! Device buffers: host transfers, device-to-device copies, metadata.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::runtime::sys::{self, Args, PJRT_Buffer};
@@ -21,8 +22,25 @@ unsafe impl Send for Buffer {}
 // SAFETY: as above; every method takes `&self` and PJRT synchronises internally.
 unsafe impl Sync for Buffer {}
 
+/// Buffers alive in this process; a leak shows as a count that grows.
+static LIVE_BUFFERS: AtomicU64 = AtomicU64::new(0);
+
+/// The number of `Buffer`s alive now (every client).
+pub fn live_buffers() -> u64 {
+    LIVE_BUFFERS.load(Ordering::Relaxed)
+}
+
+impl Buffer {
+    /// Takes ownership of `raw`, a buffer of `client`.
+    pub(crate) fn from_raw(client: Arc<ClientInner>, raw: *mut PJRT_Buffer) -> Buffer {
+        LIVE_BUFFERS.fetch_add(1, Ordering::Relaxed);
+        Buffer { client, raw }
+    }
+}
+
 impl Drop for Buffer {
     fn drop(&mut self) {
+        LIVE_BUFFERS.fetch_sub(1, Ordering::Relaxed);
         let mut args = sys::PJRT_Buffer_Destroy_Args::new();
         args.buffer = self.raw;
         // SAFETY: `raw` is owned by `self` and destroyed exactly once.
@@ -86,10 +104,7 @@ impl Client {
                 &mut args
             )
         }?;
-        let buffer = Buffer {
-            client: self.inner.clone(),
-            raw: args.buffer,
-        };
+        let buffer = Buffer::from_raw(self.inner.clone(), args.buffer);
         if let Some(done) = Event::from_raw(self.inner.plugin, args.done_with_host_buffer) {
             done.wait()?;
         }
@@ -149,6 +164,19 @@ impl Buffer {
         })
     }
 
+    /// Blocks until the buffer's value is computed; returns the error of
+    /// the execution or transfer that was to produce it, if any.
+    pub fn wait_ready(&self) -> Result<()> {
+        let mut args = sys::PJRT_Buffer_ReadyEvent_Args::new();
+        args.buffer = self.raw;
+        // SAFETY: live buffer handle; PJRT returns an owned event.
+        unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_ReadyEvent, &mut args) }?;
+        match Event::from_raw(self.client.plugin, args.event) {
+            Some(event) => event.wait(),
+            None => Ok(()),
+        }
+    }
+
     /// True once the buffer was donated to an execution or deleted.
     pub fn is_deleted(&self) -> Result<bool> {
         let mut args = sys::PJRT_Buffer_IsDeleted_Args::new();
@@ -203,10 +231,7 @@ impl Buffer {
         args.dst_device = device.raw;
         // SAFETY: live buffer and device of the same client.
         unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_CopyToDevice, &mut args) }?;
-        Ok(Buffer {
-            client: self.client.clone(),
-            raw: args.dst_buffer,
-        })
+        Ok(Buffer::from_raw(self.client.clone(), args.dst_buffer))
     }
 
     pub fn client(&self) -> Client {

@@ -412,10 +412,7 @@ impl LoadedExecutable {
             .map(|row| {
                 row.into_iter()
                     .filter(|raw| !raw.is_null())
-                    .map(|raw| Buffer {
-                        client: self.client.clone(),
-                        raw,
-                    })
+                    .map(|raw| Buffer::from_raw(self.client.clone(), raw))
                     .collect()
             })
             .collect();

@@ -52,6 +52,7 @@ args_structs!(
     PJRT_Buffer_OnDeviceSizeInBytes_Args,
     PJRT_Buffer_Device_Args,
     PJRT_Buffer_IsDeleted_Args,
+    PJRT_Buffer_ReadyEvent_Args,
     PJRT_Buffer_ToHostBuffer_Args,
     PJRT_Buffer_CopyToDevice_Args,
     PJRT_Program,

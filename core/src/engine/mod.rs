@@ -9,16 +9,19 @@
 //! the graph to StableHLO, compiles it once per distinct text and device, runs
 //! it, and installs the results.
 
+pub mod cache;
+pub mod deferred;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Graph, Literal, Node, TensorType, UnaryOp, ValueId};
-use crate::lower::lower;
 use crate::ops;
-use crate::runtime::{Buffer, Client, CompileOptions, ExecuteOptions, LoadedExecutable};
+use crate::runtime::{Buffer, Client, ExecuteOptions};
 use crate::storage::{Storage, StorageValue, View};
 
 /// A tensor argument: a view of a storage.
@@ -79,29 +82,69 @@ pub enum Output {
     None,
 }
 
-/// Counters of the engine since process start.
+/// Counters of the engine since process start. Times are in nanoseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Metrics {
+    /// Ops run one at a time (eager mode).
     pub ops_run: u64,
+    /// Ops recorded into pending graphs (deferred mode).
+    pub ops_recorded: u64,
     pub executables_compiled: u64,
+    /// Executables found in the in-memory cache.
     pub cache_hits: u64,
+    /// Executables loaded from the disk cache instead of compiled.
+    pub disk_cache_hits: u64,
+    /// Deferred graphs run.
+    pub graph_executions: u64,
+    /// Compiles at a site that had compiled a different graph before.
+    pub recompiles: u64,
+    pub record_ns: u64,
+    pub compile_ns: u64,
+    /// Time spent launching programs (their device time overlaps the host's).
+    pub execute_ns: u64,
+    /// Time the host waited for device results (reads, synchronize).
+    pub wait_ns: u64,
     pub host_to_device_bytes: u64,
     pub device_to_host_bytes: u64,
+    /// PJRT buffers alive now.
+    pub live_buffers: u64,
 }
 
 static OPS_RUN: AtomicU64 = AtomicU64::new(0);
+static OPS_RECORDED: AtomicU64 = AtomicU64::new(0);
 static COMPILED: AtomicU64 = AtomicU64::new(0);
 static CACHE_HITS: AtomicU64 = AtomicU64::new(0);
+static CACHE_HITS_DISK: AtomicU64 = AtomicU64::new(0);
+static EXECUTIONS: AtomicU64 = AtomicU64::new(0);
+static RECOMPILES: AtomicU64 = AtomicU64::new(0);
+static RECORD_NS: AtomicU64 = AtomicU64::new(0);
+static COMPILE_NS: AtomicU64 = AtomicU64::new(0);
+static EXECUTE_NS: AtomicU64 = AtomicU64::new(0);
+static WAIT_NS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static H2D_BYTES: AtomicU64 = AtomicU64::new(0);
 pub(crate) static D2H_BYTES: AtomicU64 = AtomicU64::new(0);
 
+pub(crate) fn record_wait(waited: Duration) {
+    WAIT_NS.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+}
+
 pub fn metrics() -> Metrics {
+    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
     Metrics {
-        ops_run: OPS_RUN.load(Ordering::Relaxed),
-        executables_compiled: COMPILED.load(Ordering::Relaxed),
-        cache_hits: CACHE_HITS.load(Ordering::Relaxed),
-        host_to_device_bytes: H2D_BYTES.load(Ordering::Relaxed),
-        device_to_host_bytes: D2H_BYTES.load(Ordering::Relaxed),
+        ops_run: load(&OPS_RUN),
+        ops_recorded: load(&OPS_RECORDED),
+        executables_compiled: load(&COMPILED),
+        cache_hits: load(&CACHE_HITS),
+        disk_cache_hits: load(&CACHE_HITS_DISK),
+        graph_executions: load(&EXECUTIONS),
+        recompiles: load(&RECOMPILES),
+        record_ns: load(&RECORD_NS),
+        compile_ns: load(&COMPILE_NS),
+        execute_ns: load(&EXECUTE_NS),
+        wait_ns: load(&WAIT_NS),
+        host_to_device_bytes: load(&H2D_BYTES),
+        device_to_host_bytes: load(&D2H_BYTES),
+        live_buffers: crate::runtime::live_buffers(),
     }
 }
 
@@ -120,16 +163,29 @@ pub fn call(client: &Client, op: usize, args: &[Arg]) -> Result<Vec<Output>> {
     let def = ops::table()
         .get(op)
         .ok_or_else(|| Error::invalid("op id", format!("less than {}", ops::table().len()), op))?;
+    let start = Instant::now();
     let mut builder = Builder::new(client, def.name, args);
+    let deferred = builder.deferred;
     (def.lower)(&mut builder)?;
     let outputs = builder.run()?;
-    OPS_RUN.fetch_add(1, Ordering::Relaxed);
+    if deferred {
+        RECORD_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    } else {
+        OPS_RUN.fetch_add(1, Ordering::Relaxed);
+    }
     Ok(outputs)
 }
 
 /// What feeds one graph parameter at execution time.
 enum ParamSource {
     Storage(Arc<Buffer>),
+    /// A storage's value in the pending graph (deferred mode), resolved
+    /// when the op is recorded; `view` is how the op first read it (what
+    /// recompile explanations show).
+    Recorded {
+        storage: Arc<Storage>,
+        view: View,
+    },
     Host {
         bytes: Vec<u8>,
         dtype: DType,
@@ -162,6 +218,11 @@ pub struct Builder<'a> {
     slots: Vec<StorageSlot>,
     outputs: Vec<PendingOutput>,
     device_index: Option<usize>,
+    /// Record into the pending graph instead of running now.
+    deferred: bool,
+    /// Device-side checks (deferred mode): a bool flag that is true when
+    /// the op's input was bad, and the error to raise then.
+    checks: Vec<(ValueId, Error)>,
 }
 
 impl<'a> Builder<'a> {
@@ -175,6 +236,8 @@ impl<'a> Builder<'a> {
             slots: Vec::new(),
             outputs: Vec::new(),
             device_index: None,
+            deferred: deferred::is_deferred(),
+            checks: Vec::new(),
         }
     }
 
@@ -871,9 +934,54 @@ impl<'a> Builder<'a> {
         )
     }
 
+    // ----- input checks ---------------------------------------------------
+
+    /// Checks that every element of integer tensor `t` lies in `[low, high)`
+    /// (or equals `ignore`); `error` describes the first bad value. Values
+    /// at hand are checked on the host now; a value a pending graph computes
+    /// is checked on the device instead (reading it would run the graph
+    /// mid-step), and a failure is raised at the next sync point.
+    pub fn check_range(
+        &mut self,
+        t: &TensorArg,
+        (low, high): (i64, i64),
+        ignore: Option<i64>,
+        error: impl Fn(String) -> Error,
+    ) -> Result<()> {
+        let pending = matches!(t.storage.recorded_value(), StorageValue::Pending { .. });
+        if !(self.deferred && pending) {
+            let values = ops::index::host_values(t)?;
+            let bad = values
+                .iter()
+                .find(|&&v| Some(v) != ignore && (v < low || v >= high));
+            return match bad {
+                Some(bad) => Err(error(bad.to_string())),
+                None => Ok(()),
+            };
+        }
+        let v = self.read(t)?;
+        let v = self.convert(v, DType::I64);
+        let dims = self.dims(v);
+        let low_v = self.constant(Literal::Int(low), DType::I64, &dims);
+        let high_v = self.constant(Literal::Int(high), DType::I64, &dims);
+        let below = self.compare(crate::ir::CompareDir::Lt, v, low_v)?;
+        let above = self.compare(crate::ir::CompareDir::Ge, v, high_v)?;
+        let mut bad = self.binary(BinaryOp::Or, below, above)?;
+        if let Some(ignore) = ignore {
+            let ignore_v = self.constant(Literal::Int(ignore), DType::I64, &dims);
+            let kept = self.compare(crate::ir::CompareDir::Ne, v, ignore_v)?;
+            bad = self.binary(BinaryOp::And, bad, kept)?;
+        }
+        let all: Vec<i64> = (0..dims.len() as i64).collect();
+        let flag = self.reduce(bad, crate::ir::ReduceOp::Or, &all);
+        self.checks
+            .push((flag, error("(found on the device)".into())));
+        Ok(())
+    }
+
     // ----- storages and views -------------------------------------------
 
-    fn slot(&mut self, storage: &Arc<Storage>) -> Result<usize> {
+    fn slot(&mut self, storage: &Arc<Storage>, view: &View) -> Result<usize> {
         if let Some(i) = self
             .slots
             .iter()
@@ -882,13 +990,36 @@ impl<'a> Builder<'a> {
             return Ok(i);
         }
         self.use_device(storage.device_index())?;
-        let flat = match storage.value() {
+        let value = if self.deferred {
+            storage.recorded_value()
+        } else {
+            storage.value()?
+        };
+        let flat = match value {
             StorageValue::Buffer { buffer, dtype } => {
+                let elements = storage.elements(dtype)? as i64;
+                let source = if self.deferred {
+                    ParamSource::Recorded {
+                        storage: storage.clone(),
+                        view: view.clone(),
+                    }
+                } else {
+                    ParamSource::Storage(buffer)
+                };
+                self.param(TensorType::new(dtype, &[elements]), source)
+            }
+            StorageValue::Pending { dtype } => {
                 let elements = storage.elements(dtype)? as i64;
                 self.param(
                     TensorType::new(dtype, &[elements]),
-                    ParamSource::Storage(buffer),
+                    ParamSource::Recorded {
+                        storage: storage.clone(),
+                        view: view.clone(),
+                    },
                 )
+            }
+            StorageValue::Failed { code, message } => {
+                return Err(Error::LostValue { code, message })
             }
             // Never written: zeros, typed as bytes until a reader types it.
             StorageValue::Zeros => {
@@ -996,7 +1127,7 @@ impl<'a> Builder<'a> {
 
     /// Reads a tensor (e.g. an element of a Tensor[] argument).
     pub fn read(&mut self, t: &TensorArg) -> Result<ValueId> {
-        let slot = self.slot(&t.storage)?;
+        let slot = self.slot(&t.storage, &t.view)?;
         t.view.check_within(t.storage.elements(t.view.dtype)?)?;
         let flat = self.flat_as(slot, t.view.dtype)?;
         self.read_view(flat, &t.view)
@@ -1006,7 +1137,7 @@ impl<'a> Builder<'a> {
     /// into tensor `t`, as a new version of its storage.
     pub fn write(&mut self, t: &TensorArg, value: ValueId) -> Result<()> {
         let view = &t.view;
-        let slot = self.slot(&t.storage)?;
+        let slot = self.slot(&t.storage, &t.view)?;
         let elements = t.storage.elements(view.dtype)? as i64;
         view.check_within(elements as usize)?;
         let value = self.convert(value, view.dtype);
@@ -1118,10 +1249,12 @@ impl<'a> Builder<'a> {
                 })
                 .collect());
         }
-        self.graph.outputs = graph_outputs;
         self.check_platform_dtypes()?;
-        let text = lower(&self.graph);
-        let exe = executable(self.client, device_index, text)?;
+        if self.deferred {
+            return deferred::record(self, device_index);
+        }
+        self.graph.outputs = graph_outputs;
+        let exe = cache::executable(self.client, device_index, &self.graph, None)?;
         let device = self.client.device(device_index)?;
         let mut uploaded = Vec::new();
         for source in &self.sources {
@@ -1137,16 +1270,22 @@ impl<'a> Builder<'a> {
             }
         }
         let mut host = uploaded.iter();
-        let args: Vec<&Buffer> = self
-            .sources
-            .iter()
-            .map(|s| match s {
+        let mut args: Vec<&Buffer> = Vec::with_capacity(self.sources.len());
+        for source in &self.sources {
+            args.push(match source {
                 ParamSource::Storage(buffer) => buffer.as_ref(),
-                ParamSource::Host { .. } => {
-                    host.next().expect("one upload per host source").as_ref()
+                ParamSource::Host { .. } => host.next().map(Arc::as_ref).ok_or_else(|| {
+                    Error::invalid("host inputs of an op", "one upload each", "fewer")
+                })?,
+                ParamSource::Recorded { .. } => {
+                    return Err(Error::invalid(
+                        format!("{}: an input", self.op),
+                        "a device buffer in eager mode",
+                        "a value recorded for deferred mode",
+                    ))
                 }
-            })
-            .collect();
+            });
+        }
         let mut results = exe
             .execute(&[&args], &ExecuteOptions::default())?
             .into_iter()
@@ -1189,7 +1328,7 @@ type HostInputKey = (usize, usize, DType, Vec<i64>, Vec<u8>);
 /// learning rate, alpha = -1, eps), so buffers are cached by value: an
 /// upload costs more than the op itself on small tensors. Buffers passed as
 /// inputs are never donated, so sharing them is safe.
-fn host_input(
+pub(crate) fn host_input(
     client: &Client,
     device_index: usize,
     device: &crate::runtime::Device,
@@ -1258,31 +1397,4 @@ fn scalar_bytes(literal: Literal, dtype: DType) -> Vec<u8> {
         DType::C64 => [(f as f32).to_ne_bytes(), 0f32.to_ne_bytes()].concat(),
         DType::C128 => [f.to_ne_bytes(), 0f64.to_ne_bytes()].concat(),
     }
-}
-
-type CacheKey = (usize, usize, String);
-
-/// The executable for `text` on `device_index`, compiled once per process.
-fn executable(client: &Client, device_index: usize, text: String) -> Result<Arc<LoadedExecutable>> {
-    static CACHE: OnceLock<Mutex<HashMap<CacheKey, Arc<LoadedExecutable>>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    let key = (client.id(), device_index, text);
-    if let Some(exe) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-        CACHE_HITS.fetch_add(1, Ordering::Relaxed);
-        return Ok(exe.clone());
-    }
-    let device_id = client.device(device_index)?.id()? as i64;
-    let options = CompileOptions {
-        device_assignment: Some(vec![vec![device_id]]),
-        ..Default::default()
-    };
-    // Compiling outside the lock lets other ops run meanwhile; a racing
-    // compile of the same text just wastes one compile.
-    let exe = Arc::new(client.compile(&key.2, &options)?);
-    COMPILED.fetch_add(1, Ordering::Relaxed);
-    cache
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(key, exe.clone());
-    Ok(exe)
 }

@@ -1,0 +1,381 @@
+//! The executable caches and recompile explanations.
+//!
+//! In memory, executables are keyed by the graph's structure (a hash, then
+//! equality), so a hit costs no lowering. On disk (`RTPU_CACHE_DIR`, default
+//! `$XDG_CACHE_HOME/rtpu` or `~/.cache/rtpu`; empty disables it) they are
+//! serialised under a key of the program text, the plugin, the compile
+//! options and rtpu's version, so a second run of a script compiles nothing.
+//!
+//! A deferred graph compiled at a site (the `rtpu.step()` line) that
+//! compiled before is a recompile: it is counted, explained against the
+//! nearest graph that site compiled (with `RTPU_DEBUG=recompile` or
+//! `set_explain_recompiles`), and refused past `set_recompile_limit`.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+use super::deferred::{location_text, RecordedOp};
+use super::{CACHE_HITS, CACHE_HITS_DISK, COMPILED, COMPILE_NS, RECOMPILES};
+use crate::error::{Error, Result};
+use crate::ir::{Graph, TensorType};
+use crate::lower::lower;
+use crate::runtime::{Client, CompileOptions, LoadedExecutable};
+
+/// Where a deferred graph came from: what explanations name.
+pub(crate) struct Provenance<'a> {
+    /// The location of the flush (the step's line).
+    pub site: u32,
+    pub ops: &'a [RecordedOp],
+    /// For each parameter, the index in `ops` of the op that first read it
+    /// and how it read it ("float32[8, 32]").
+    pub params: Vec<(usize, String)>,
+}
+
+type MemoryKey = (usize, usize, u64);
+/// Graphs with the same key (a hash collision is an equality miss).
+type MemoryEntries = Vec<(Graph, Arc<LoadedExecutable>)>;
+
+fn memory() -> MutexGuard<'static, HashMap<MemoryKey, MemoryEntries>> {
+    static MEMORY: OnceLock<Mutex<HashMap<MemoryKey, MemoryEntries>>> = OnceLock::new();
+    MEMORY
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+fn structural_hash(graph: &Graph) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    graph.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The executable for `graph` on `device_index`: from memory, from disk, or
+/// compiled (and then stored in both).
+pub(crate) fn executable(
+    client: &Client,
+    device_index: usize,
+    graph: &Graph,
+    provenance: Option<&Provenance<'_>>,
+) -> Result<Arc<LoadedExecutable>> {
+    let key = (client.id(), device_index, structural_hash(graph));
+    if let Some(entries) = memory().get(&key) {
+        if let Some((_, exe)) = entries.iter().find(|(g, _)| g == graph) {
+            CACHE_HITS.fetch_add(1, Ordering::Relaxed);
+            return Ok(exe.clone());
+        }
+    }
+    let text = lower(graph);
+    let device_id = client.device(device_index)?.id()? as i64;
+    let options = CompileOptions {
+        device_assignment: Some(vec![vec![device_id]]),
+        ..Default::default()
+    };
+    let disk = DiskEntry::new(client, &options, &text);
+    let exe = match disk.as_ref().and_then(|d| d.load(client, &text)) {
+        Some(exe) => {
+            CACHE_HITS_DISK.fetch_add(1, Ordering::Relaxed);
+            if let Some(p) = provenance {
+                remember(p, graph);
+            }
+            Arc::new(exe)
+        }
+        None => {
+            if let Some(p) = provenance {
+                check_recompile(p, graph)?;
+            }
+            // Compiling outside the memory lock lets other ops run meanwhile;
+            // a racing compile of the same graph just wastes one compile.
+            let start = Instant::now();
+            let exe = client.compile(&text, &options)?;
+            COMPILE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            COMPILED.fetch_add(1, Ordering::Relaxed);
+            if let Some(d) = &disk {
+                d.store(&text, &exe);
+            }
+            Arc::new(exe)
+        }
+    };
+    memory()
+        .entry(key)
+        .or_default()
+        .push((graph.clone(), exe.clone()));
+    Ok(exe)
+}
+
+// ----- disk -------------------------------------------------------------
+
+const DISK_MAGIC: &[u8; 8] = b"RTPUXLA1";
+
+/// The cache directory, or `None` when disabled (`RTPU_CACHE_DIR=""`).
+pub fn cache_dir() -> Option<PathBuf> {
+    match std::env::var_os("RTPU_CACHE_DIR") {
+        Some(dir) if dir.is_empty() => None,
+        Some(dir) => Some(PathBuf::from(dir)),
+        None => {
+            let base = std::env::var_os("XDG_CACHE_HOME")
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+            Some(base.join("rtpu"))
+        }
+    }
+}
+
+/// One file of the disk cache: `<key>.xla` holding the magic, the program
+/// text (checked on load, so a key collision is a miss) and the executable.
+struct DiskEntry {
+    path: PathBuf,
+}
+
+impl DiskEntry {
+    fn new(client: &Client, options: &CompileOptions, text: &str) -> Option<DiskEntry> {
+        let dir = cache_dir()?;
+        let mut key = Vec::new();
+        for seed in [0u8, 1u8] {
+            let mut h = DefaultHasher::new();
+            seed.hash(&mut h);
+            env!("CARGO_PKG_VERSION").hash(&mut h);
+            client.plugin().path().hash(&mut h);
+            client.platform_version().unwrap_or_default().hash(&mut h);
+            options.hash(&mut h);
+            text.hash(&mut h);
+            key.push(format!("{:016x}", h.finish()));
+        }
+        Some(DiskEntry {
+            path: dir.join(format!("{}.xla", key.concat())),
+        })
+    }
+
+    fn load(&self, client: &Client, text: &str) -> Option<LoadedExecutable> {
+        let bytes = std::fs::read(&self.path).ok()?;
+        let rest = bytes.strip_prefix(DISK_MAGIC.as_slice())?;
+        let (len, rest) = rest.split_at_checked(8)?;
+        let len = usize::try_from(u64::from_le_bytes(len.try_into().ok()?)).ok()?;
+        let (stored_text, exe) = rest.split_at_checked(len)?;
+        if stored_text != text.as_bytes() {
+            return None;
+        }
+        client.deserialize(exe).ok()
+    }
+
+    /// Best effort: a cache that cannot be written only costs a compile
+    /// next time, so failures are reported once and otherwise ignored.
+    fn store(&self, text: &str, exe: &LoadedExecutable) {
+        let write = || -> std::io::Result<()> {
+            let serialized = exe
+                .serialize()
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            let dir = self.path.parent().unwrap_or(&self.path);
+            std::fs::create_dir_all(dir)?;
+            let mut bytes = Vec::with_capacity(16 + text.len() + serialized.len());
+            bytes.extend_from_slice(DISK_MAGIC);
+            bytes.extend_from_slice(&(text.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(text.as_bytes());
+            bytes.extend_from_slice(&serialized);
+            // Written aside and renamed, so a reader never sees half a file.
+            let partial = self
+                .path
+                .with_extension(format!("partial.{}", std::process::id()));
+            std::fs::write(&partial, bytes)?;
+            std::fs::rename(&partial, &self.path)
+        };
+        if let Err(e) = write() {
+            static WARNED: AtomicBool = AtomicBool::new(false);
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "rtpu: cannot write the compile cache at {}: {e} (set RTPU_CACHE_DIR to \
+                     another directory, or to an empty value to disable it)",
+                    self.path.display()
+                );
+            }
+        }
+    }
+}
+
+// ----- recompile explanations ------------------------------------------
+
+/// What a site compiled: enough to say what changed next time.
+struct Summary {
+    /// Per parameter: its type, the op that first read it, how it read it.
+    inputs: Vec<(TensorType, usize, String)>,
+    ops: Vec<RecordedOp>,
+}
+
+impl Summary {
+    fn of(p: &Provenance<'_>, graph: &Graph) -> Summary {
+        Summary {
+            inputs: graph
+                .params
+                .iter()
+                .zip(&p.params)
+                .map(|(ty, (op, read_as))| (ty.clone(), *op, read_as.clone()))
+                .collect(),
+            ops: p.ops.to_vec(),
+        }
+    }
+
+    /// How different two graphs look: differing inputs plus differing ops.
+    fn distance(&self, other: &Summary) -> usize {
+        let inputs = self
+            .inputs
+            .iter()
+            .zip(&other.inputs)
+            .filter(|(a, b)| a.0 != b.0)
+            .count()
+            + self.inputs.len().abs_diff(other.inputs.len());
+        let ops = self
+            .ops
+            .iter()
+            .zip(&other.ops)
+            .filter(|(a, b)| a.name != b.name)
+            .count()
+            + self.ops.len().abs_diff(other.ops.len());
+        inputs + ops
+    }
+}
+
+static EXPLAIN: AtomicBool = AtomicBool::new(false);
+/// 0 means no limit.
+static RECOMPILE_LIMIT: AtomicU64 = AtomicU64::new(0);
+
+/// Prints an explanation of every recompile to stderr (also turned on by
+/// `RTPU_DEBUG=recompile`).
+pub fn set_explain_recompiles(on: bool) {
+    EXPLAIN.store(on, Ordering::Relaxed);
+}
+
+fn explaining() -> bool {
+    static FROM_ENV: OnceLock<bool> = OnceLock::new();
+    EXPLAIN.load(Ordering::Relaxed)
+        || *FROM_ENV.get_or_init(|| {
+            std::env::var("RTPU_DEBUG")
+                .map(|v| v.split(',').any(|item| item.trim() == "recompile"))
+                .unwrap_or(false)
+        })
+}
+
+/// Past `limit` recompiles at one site, the next one is an error carrying
+/// its explanation; `None` removes the limit.
+pub fn set_recompile_limit(limit: Option<u64>) {
+    RECOMPILE_LIMIT.store(limit.map_or(0, |l| l.saturating_add(1)), Ordering::Relaxed);
+}
+
+fn sites() -> MutexGuard<'static, HashMap<u32, Vec<Summary>>> {
+    static SITES: OnceLock<Mutex<HashMap<u32, Vec<Summary>>>> = OnceLock::new();
+    SITES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+fn remember(p: &Provenance<'_>, graph: &Graph) {
+    sites()
+        .entry(p.site)
+        .or_default()
+        .push(Summary::of(p, graph));
+}
+
+/// Counts, explains and limits a compile at a site that compiled before.
+fn check_recompile(p: &Provenance<'_>, graph: &Graph) -> Result<()> {
+    let summary = Summary::of(p, graph);
+    let mut sites = sites();
+    let history = sites.entry(p.site).or_default();
+    let Some(nearest) = history.iter().min_by_key(|old| old.distance(&summary)) else {
+        history.push(summary);
+        return Ok(());
+    };
+    let explanation = explain(nearest, &summary);
+    let count = history.len() as u64 + 1;
+    if let Some(limit) = RECOMPILE_LIMIT.load(Ordering::Relaxed).checked_sub(1) {
+        if count - 1 > limit {
+            return Err(Error::RecompileLimit {
+                site: location_text(p.site),
+                count,
+                limit,
+                explanation,
+            });
+        }
+    }
+    history.push(summary);
+    RECOMPILES.fetch_add(1, Ordering::Relaxed);
+    if explaining() {
+        eprintln!(
+            "rtpu: recompiling the graph flushed at {} (its graph number {count} there): \
+             {explanation}",
+            location_text(p.site)
+        );
+    }
+    Ok(())
+}
+
+fn describe_op(op: &RecordedOp) -> String {
+    format!("{} at {}", op.name, location_text(op.location))
+}
+
+/// What differs between the graph a site compiled before and the new one.
+fn explain(old: &Summary, new: &Summary) -> String {
+    const MAX_ITEMS: usize = 4;
+    let mut items = Vec::new();
+    for (i, (now, before)) in new.inputs.iter().zip(&old.inputs).enumerate() {
+        if now.0 != before.0 {
+            let reader = new
+                .ops
+                .get(now.1)
+                .map(|op| format!(" (read by {})", describe_op(op)))
+                .unwrap_or_default();
+            items.push(format!(
+                "input {i}{reader} changed from {} to {}",
+                before.2, now.2
+            ));
+        }
+    }
+    if new.inputs.len() != old.inputs.len() {
+        items.push(format!(
+            "{} inputs instead of {}",
+            new.inputs.len(),
+            old.inputs.len()
+        ));
+    }
+    let first_op_change = new
+        .ops
+        .iter()
+        .zip(&old.ops)
+        .position(|(a, b)| a.name != b.name);
+    match first_op_change {
+        Some(i) => items.push(format!(
+            "op {i} is {} where it was {}",
+            describe_op(&new.ops[i]),
+            describe_op(&old.ops[i])
+        )),
+        None if new.ops.len() > old.ops.len() => items.push(format!(
+            "{} ops instead of {}; the first new one is {}",
+            new.ops.len(),
+            old.ops.len(),
+            describe_op(&new.ops[old.ops.len()])
+        )),
+        None if new.ops.len() < old.ops.len() => items.push(format!(
+            "{} ops instead of {}; the first missing one is {}",
+            new.ops.len(),
+            old.ops.len(),
+            describe_op(&old.ops[new.ops.len()])
+        )),
+        None => {}
+    }
+    if items.is_empty() {
+        return "the same inputs and ops with different attributes (a Python number that \
+                sets a shape, dim or slice, or a changed op argument)"
+            .to_string();
+    }
+    let more = items.len().saturating_sub(MAX_ITEMS);
+    items.truncate(MAX_ITEMS);
+    let mut text = items.join("; ");
+    if more > 0 {
+        text.push_str(&format!("; and {more} more differences"));
+    }
+    text
+}

@@ -1,0 +1,832 @@
+//! Deferred execution: in deferred mode ops are recorded into one pending
+//! graph per device, which runs as one XLA program when it is flushed: at the
+//! end of `rtpu.step()`, at `rtpu.sync()`, when a host read needs a pending
+//! value, or past a size limit.
+//!
+//! A storage written by a recorded op holds `StorageValue::Pending`; the
+//! graph keeps its current value. At a flush only storages that are still
+//! alive become outputs, so intermediates freed during the step cost nothing,
+//! and the buffers of storages the graph overwrites are donated to it.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Instant;
+
+use super::{cache, host_input, Builder, Output, ParamSource, PendingOutput};
+use super::{EXECUTE_NS, EXECUTIONS, OPS_RECORDED};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::{Graph, Node, TensorType, ValueId};
+use crate::runtime::{Buffer, Client, ExecuteOptions};
+use crate::storage::{Storage, StorageValue, View};
+
+/// A pending graph past this many nodes is flushed where it stands, so a
+/// program that never reaches a sync point still runs in bounded pieces.
+const MAX_PENDING_NODES: usize = 1 << 18;
+
+static DEFERRED: AtomicBool = AtomicBool::new(false);
+
+/// True when ops are recorded rather than run. Process-wide: the autograd
+/// engine runs backward ops on its own threads.
+pub fn is_deferred() -> bool {
+    DEFERRED.load(Ordering::Relaxed)
+}
+
+/// Switches between eager and deferred execution. Leaving deferred mode
+/// flushes every pending graph first.
+pub fn set_deferred(deferred: bool) -> Result<()> {
+    if !deferred && is_deferred() {
+        DEFERRED.store(false, Ordering::Relaxed);
+        return flush_all(None);
+    }
+    DEFERRED.store(deferred, Ordering::Relaxed);
+    Ok(())
+}
+
+// ----- where ops come from ----------------------------------------------
+
+thread_local! {
+    static CURRENT_LOCATION: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Interned location texts: by id, and ids by text.
+struct Locations {
+    texts: Vec<String>,
+    ids: HashMap<String, u32>,
+}
+
+fn locations() -> MutexGuard<'static, Locations> {
+    static LOCATIONS: OnceLock<Mutex<Locations>> = OnceLock::new();
+    LOCATIONS
+        .get_or_init(|| {
+            Mutex::new(Locations {
+                texts: vec!["an unknown line".to_string()],
+                ids: HashMap::new(),
+            })
+        })
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// The id of a source location ("train.py:42 in step"); equal texts share
+/// an id. Id 0 is the unknown location.
+pub fn intern_location(text: &str) -> u32 {
+    let mut table = locations();
+    if let Some(&id) = table.ids.get(text) {
+        return id;
+    }
+    let id = table.texts.len() as u32;
+    table.texts.push(text.to_string());
+    table.ids.insert(text.to_string(), id);
+    id
+}
+
+/// The text of location `id`.
+pub fn location_text(id: u32) -> String {
+    let table = locations();
+    table
+        .texts
+        .get(id as usize)
+        .unwrap_or(&table.texts[0])
+        .clone()
+}
+
+/// Sets the location the calling thread's next ops are recorded at.
+pub fn set_current_location(id: u32) {
+    CURRENT_LOCATION.with(|c| c.set(id));
+}
+
+pub fn current_location() -> u32 {
+    CURRENT_LOCATION.with(Cell::get)
+}
+
+// ----- the pending graphs -----------------------------------------------
+
+/// One recorded op: what explanations and errors name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RecordedOp {
+    pub name: &'static str,
+    pub location: u32,
+}
+
+enum Source {
+    Buffer(Arc<Buffer>),
+    Host {
+        bytes: Vec<u8>,
+        dtype: DType,
+        dims: Vec<i64>,
+    },
+}
+
+/// A storage the pending graph reads or writes.
+struct Slot {
+    /// Weak, so the graph does not keep freed tensors alive; it also keeps
+    /// the allocation, so the address key below is never reused meanwhile.
+    storage: Weak<Storage>,
+    /// The storage's current value in the graph (flat).
+    value: ValueId,
+    /// The parameter that read the storage's buffer, if it was read.
+    param: Option<usize>,
+    /// The value before the graph, for a storage written without being read
+    /// (restored if the graph fails).
+    before: Option<StorageValue>,
+    written: bool,
+}
+
+struct PendingGraph {
+    client: Client,
+    device_index: usize,
+    graph: Graph,
+    sources: Vec<Source>,
+    /// The recorded op that introduced each parameter, and what it read
+    /// ("float32[8, 32]"), for explanations.
+    param_op: Vec<(usize, String)>,
+    slots: Vec<Slot>,
+    slot_of: HashMap<usize, usize>,
+    ops: Vec<RecordedOp>,
+    /// The node count after each recorded op: op `i` made nodes
+    /// `op_ends[i - 1]..op_ends[i]`.
+    op_ends: Vec<usize>,
+    /// Device-side input checks: a bool flag, its error, the op's index.
+    checks: Vec<(ValueId, Error, usize)>,
+}
+
+fn pending() -> MutexGuard<'static, Vec<PendingGraph>> {
+    static PENDING: OnceLock<Mutex<Vec<PendingGraph>>> = OnceLock::new();
+    PENDING
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+fn storage_key(storage: &Arc<Storage>) -> usize {
+    Arc::as_ptr(storage) as usize
+}
+
+impl PendingGraph {
+    fn new(client: &Client, device_index: usize) -> PendingGraph {
+        PendingGraph {
+            client: client.clone(),
+            device_index,
+            graph: Graph::default(),
+            sources: Vec::new(),
+            param_op: Vec::new(),
+            slots: Vec::new(),
+            slot_of: HashMap::new(),
+            ops: Vec::new(),
+            op_ends: Vec::new(),
+            checks: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, node: Node, ty: TensorType) -> ValueId {
+        self.graph.nodes.push((node, ty));
+        self.graph.nodes.len() - 1
+    }
+
+    fn add_param(&mut self, ty: TensorType, source: Source, read_as: String) -> (usize, ValueId) {
+        let index = self.graph.params.len();
+        self.graph.params.push(ty.clone());
+        self.sources.push(source);
+        self.param_op.push((self.ops.len(), read_as));
+        (index, self.push(Node::Param(index), ty))
+    }
+
+    /// The storage's value in the graph: its current graph value if the
+    /// graph has one, else a new parameter reading its buffer (returned in
+    /// `first_reads` to be committed with the op).
+    fn read_storage(
+        &mut self,
+        storage: &Arc<Storage>,
+        view: &View,
+        ty: &TensorType,
+        first_reads: &mut Vec<(Arc<Storage>, usize, ValueId)>,
+    ) -> Result<ValueId> {
+        let current = storage.recorded_value();
+        if let Some(&slot) = self.slot_of.get(&storage_key(storage)) {
+            let slot = &self.slots[slot];
+            // A read-only slot is stale once the storage got another buffer
+            // (a host write replaced it): that needs a new parameter.
+            let fresh = slot.written
+                || match (slot.param, &current) {
+                    (Some(p), StorageValue::Buffer { buffer, .. }) => {
+                        matches!(&self.sources[p], Source::Buffer(b) if Arc::ptr_eq(b, buffer))
+                    }
+                    _ => false,
+                };
+            if fresh {
+                if self.graph.ty(slot.value) != ty {
+                    return Err(Error::invalid(
+                        "a storage's value in the pending graph",
+                        ty.to_string(),
+                        self.graph.ty(slot.value).to_string(),
+                    ));
+                }
+                return Ok(slot.value);
+            }
+        }
+        match current {
+            StorageValue::Buffer { buffer, .. } => {
+                let read_as = format!("{}{:?}", view.dtype, view.sizes);
+                let (param, value) = self.add_param(ty.clone(), Source::Buffer(buffer), read_as);
+                first_reads.push((storage.clone(), param, value));
+                Ok(value)
+            }
+            StorageValue::Failed { code, message } => Err(Error::LostValue { code, message }),
+            other => Err(Error::invalid(
+                "a storage read by a recorded op",
+                "a device buffer or a value in the pending graph",
+                match other {
+                    StorageValue::Zeros => "a never-written storage",
+                    _ => "a pending value in no graph",
+                },
+            )),
+        }
+    }
+
+    fn slot_for(&mut self, storage: &Arc<Storage>, value: ValueId) -> &mut Slot {
+        let key = storage_key(storage);
+        let index = match self.slot_of.get(&key) {
+            Some(&i) => i,
+            None => {
+                self.slots.push(Slot {
+                    storage: Arc::downgrade(storage),
+                    value,
+                    param: None,
+                    before: None,
+                    written: false,
+                });
+                self.slot_of.insert(key, self.slots.len() - 1);
+                self.slots.len() - 1
+            }
+        };
+        &mut self.slots[index]
+    }
+
+    /// Makes `value` the storage's value: it becomes pending.
+    fn write_storage(&mut self, storage: &Arc<Storage>, value: ValueId) {
+        let dtype = self.graph.ty(value).dtype;
+        let previous = storage.recorded_value();
+        let slot = self.slot_for(storage, value);
+        if !slot.written && slot.param.is_none() {
+            slot.before = Some(previous);
+        }
+        slot.value = value;
+        slot.written = true;
+        storage.set_recorded(StorageValue::Pending { dtype });
+    }
+}
+
+/// Records a built op into its device's pending graph and returns its
+/// outputs, whose new storages are pending.
+pub(super) fn record(builder: Builder<'_>, device_index: usize) -> Result<Vec<Output>> {
+    let Builder {
+        client,
+        op,
+        graph,
+        sources,
+        slots,
+        outputs,
+        checks,
+        ..
+    } = builder;
+    let mut all = pending();
+    let index = match all
+        .iter()
+        .position(|g| g.client.id() == client.id() && g.device_index == device_index)
+    {
+        Some(i) => i,
+        None => {
+            all.push(PendingGraph::new(client, device_index));
+            all.len() - 1
+        }
+    };
+    let pg = &mut all[index];
+    let (nodes_before, params_before) = (pg.graph.nodes.len(), pg.graph.params.len());
+
+    // Copy the op's nodes in, with its parameters resolved to the values
+    // they stand for in the pending graph.
+    let mut remap: Vec<ValueId> = Vec::with_capacity(graph.nodes.len());
+    let mut first_reads = Vec::new();
+    let mut sources: Vec<Option<ParamSource>> = sources.into_iter().map(Some).collect();
+    let mut failure = None;
+    for (mut node, ty) in graph.nodes {
+        let id = match node {
+            Node::Param(i) => match sources.get_mut(i).and_then(Option::take) {
+                Some(ParamSource::Recorded { storage, view }) => {
+                    match pg.read_storage(&storage, &view, &ty, &mut first_reads) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            failure = Some(e);
+                            break;
+                        }
+                    }
+                }
+                Some(ParamSource::Storage(buffer)) => {
+                    let read_as = format!("{}{:?}", ty.dtype, ty.dims);
+                    pg.add_param(ty, Source::Buffer(buffer), read_as).1
+                }
+                Some(ParamSource::Host { bytes, dtype, dims }) => {
+                    let read_as = format!("a host {}{:?}", ty.dtype, ty.dims);
+                    pg.add_param(ty, Source::Host { bytes, dtype, dims }, read_as)
+                        .1
+                }
+                None => {
+                    failure = Some(Error::invalid(
+                        format!("{op}: parameter {i}"),
+                        "one Param node per parameter",
+                        "a repeated or missing one",
+                    ));
+                    break;
+                }
+            },
+            _ => {
+                node.for_each_operand_mut(|v| *v = remap[*v]);
+                pg.push(node, ty)
+            }
+        };
+        remap.push(id);
+    }
+    if let Some(error) = failure {
+        // Nothing of the op stays: the graph is as it was before it.
+        pg.graph.nodes.truncate(nodes_before);
+        pg.graph.params.truncate(params_before);
+        pg.sources.truncate(params_before);
+        pg.param_op.truncate(params_before);
+        return Err(error);
+    }
+
+    for (storage, param, value) in first_reads {
+        let slot = pg.slot_for(&storage, value);
+        slot.value = value;
+        slot.param = Some(param);
+    }
+    for slot in slots.iter().filter(|s| s.written) {
+        pg.write_storage(&slot.storage, remap[slot.flat]);
+    }
+    let mut results = Vec::with_capacity(outputs.len());
+    for out in outputs {
+        results.push(match out {
+            PendingOutput::Alias(i) => Output::Alias(i),
+            PendingOutput::None => Output::None,
+            PendingOutput::New { value, sizes } => {
+                let value = remap[value];
+                let dtype = pg.graph.ty(value).dtype;
+                let nbytes = pg.graph.ty(value).numel() as usize * dtype.size_in_bytes();
+                let storage = Storage::pending(client, device_index, nbytes, dtype)?;
+                pg.write_storage(&storage, value);
+                Output::New {
+                    storage,
+                    view: View::contiguous(&sizes, dtype),
+                }
+            }
+        });
+    }
+    for (flag, error) in checks {
+        pg.checks.push((remap[flag], error, pg.ops.len()));
+    }
+    pg.ops.push(RecordedOp {
+        name: op,
+        location: current_location(),
+    });
+    pg.op_ends.push(pg.graph.nodes.len());
+    OPS_RECORDED.fetch_add(1, Ordering::Relaxed);
+    if pg.graph.nodes.len() > MAX_PENDING_NODES {
+        let pg = all.swap_remove(index);
+        run(pg, intern_location("the pending-graph size limit"))?;
+    }
+    Ok(results)
+}
+
+/// Runs the pending graph of one device, if it has one.
+pub fn flush_device(client: &Client, device_index: usize) -> Result<()> {
+    let mut all = pending();
+    let Some(index) = all
+        .iter()
+        .position(|g| g.client.id() == client.id() && g.device_index == device_index)
+    else {
+        return Ok(());
+    };
+    let pg = all.swap_remove(index);
+    run(pg, current_location())
+}
+
+/// Runs every pending graph. `site` names where the flush was asked for
+/// (the `rtpu.step()` or `rtpu.sync()` line); recompiles are explained per
+/// site.
+pub fn flush_all(site: Option<&str>) -> Result<()> {
+    let site = site.map_or_else(current_location, intern_location);
+    let mut all = pending();
+    let mut first_error = None;
+    for pg in std::mem::take(&mut *all) {
+        if let Err(e) = run(pg, site) {
+            first_error.get_or_insert(e);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// The outputs of each device's latest graph (what `synchronize` waits for:
+/// every later graph reads the values of the ones before it).
+fn latest_outputs() -> MutexGuard<'static, Vec<Weak<Buffer>>> {
+    static LATEST: OnceLock<Mutex<Vec<Weak<Buffer>>>> = OnceLock::new();
+    LATEST
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// The device-side checks of a graph that ran, read at the next sync point.
+struct PendingCheck {
+    site: u32,
+    ops: Vec<RecordedOp>,
+    flags: Vec<(Buffer, Error, usize)>,
+    /// The graph's outputs, failed if a check does: their values may be
+    /// wrong (XLA clamps out-of-range gathers).
+    outputs: Vec<(Weak<Storage>, Weak<Buffer>)>,
+}
+
+fn pending_checks() -> MutexGuard<'static, Vec<PendingCheck>> {
+    static CHECKS: OnceLock<Mutex<Vec<PendingCheck>>> = OnceLock::new();
+    CHECKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Reads the flags of graphs that ran with device-side checks (waiting for
+/// them). A failed check is an error naming the op and its line; the
+/// graph's outputs then hold that error instead of their values.
+pub(crate) fn verify_checks() -> Result<()> {
+    let mut graphs = std::mem::take(&mut *pending_checks()).into_iter();
+    while let Some(graph) = graphs.next() {
+        let mut failed_op = None;
+        for (flag, _, op) in &graph.flags {
+            let start = Instant::now();
+            let bytes = flag.to_host();
+            super::record_wait(start.elapsed());
+            if bytes?.first().is_some_and(|&b| b != 0) {
+                failed_op = Some(*op);
+                break;
+            }
+        }
+        let Some(op) = failed_op else {
+            continue;
+        };
+        // Later graphs stay to be checked at the next sync point.
+        pending_checks().extend(graphs.by_ref());
+        let Some((_, error, _)) = graph.flags.into_iter().find(|(_, _, o)| *o == op) else {
+            continue;
+        };
+        let error = graph_error(error, graph.site, &graph.ops, Some(op));
+        for (storage, buffer) in &graph.outputs {
+            let Some(storage) = storage.upgrade() else {
+                continue;
+            };
+            if let StorageValue::Buffer {
+                buffer: current, ..
+            } = storage.recorded_value()
+            {
+                if std::ptr::eq(Arc::as_ptr(&current), buffer.as_ptr()) {
+                    storage.set_recorded(StorageValue::Failed {
+                        code: error.code(),
+                        message: error.to_string(),
+                    });
+                }
+            }
+        }
+        return Err(error);
+    }
+    Ok(())
+}
+
+/// Flushes every pending graph and waits until the device has run them.
+pub fn synchronize() -> Result<()> {
+    flush_all(None)?;
+    let latest: Vec<Arc<Buffer>> = latest_outputs()
+        .drain(..)
+        .filter_map(|w| w.upgrade())
+        .collect();
+    let start = Instant::now();
+    for buffer in latest {
+        buffer.wait_ready()?;
+    }
+    super::record_wait(start.elapsed());
+    verify_checks()
+}
+
+/// The graph restricted to what `outputs` need, with parameters renumbered;
+/// also returns the old index of each kept parameter.
+fn prune(graph: &Graph, outputs: &[ValueId]) -> (Graph, Vec<usize>) {
+    let n = graph.nodes.len();
+    let mut live = vec![false; n];
+    for &o in outputs {
+        live[o] = true;
+    }
+    for id in (0..n).rev() {
+        if live[id] {
+            let mut node = graph.nodes[id].0.clone();
+            node.for_each_operand_mut(|v| live[*v] = true);
+        }
+    }
+    let mut new_id = vec![usize::MAX; n];
+    let mut kept_params = Vec::new();
+    let mut params = Vec::new();
+    let mut nodes = Vec::with_capacity(n);
+    for (id, (node, ty)) in graph.nodes.iter().enumerate() {
+        if !live[id] {
+            continue;
+        }
+        let mut node = node.clone();
+        match &mut node {
+            Node::Param(i) => {
+                kept_params.push(*i);
+                params.push(graph.params[*i].clone());
+                *i = params.len() - 1;
+            }
+            other => other.for_each_operand_mut(|v| *v = new_id[*v]),
+        }
+        new_id[id] = nodes.len();
+        nodes.push((node, ty.clone()));
+    }
+    let pruned = Graph {
+        params,
+        nodes,
+        outputs: outputs.iter().map(|&o| new_id[o]).collect(),
+        donors: Vec::new(),
+    };
+    (pruned, kept_params)
+}
+
+/// Graphs of at most this many ops are searched for the op that makes them
+/// fail (each probe compiles and runs a prefix of the graph).
+const MAX_OPS_TO_SEARCH: usize = 512;
+
+/// The first op whose prefix of the graph fails on its own: what a failed
+/// graph's error names. Bisects over prefixes, each run with every value it
+/// makes as an output (so nothing is pruned away) and nothing donated.
+fn find_culprit(
+    client: &Client,
+    device_index: usize,
+    graph: &Graph,
+    sources: &[Source],
+    op_ends: &[usize],
+) -> Option<usize> {
+    if op_ends.is_empty() || op_ends.len() > MAX_OPS_TO_SEARCH {
+        return None;
+    }
+    let fails = |op: usize| -> bool {
+        let end = op_ends[op];
+        let outputs: Vec<ValueId> = (0..end)
+            .filter(|&id| !matches!(graph.nodes[id].0, Node::Param(_) | Node::Constant(_)))
+            .collect();
+        if outputs.is_empty() {
+            return false;
+        }
+        let prefix = Graph {
+            params: graph.params.clone(),
+            nodes: graph.nodes[..end].to_vec(),
+            outputs: Vec::new(),
+            donors: Vec::new(),
+        };
+        let (prefix, kept) = prune(&prefix, &outputs);
+        execute(client, device_index, &prefix, &kept, sources, None).is_err()
+    };
+    let (mut good, mut bad) = (None::<usize>, op_ends.len() - 1);
+    if !fails(bad) {
+        return None;
+    }
+    // Invariant: prefix `bad` fails, prefix `good` (if any) runs.
+    loop {
+        let low = good.map_or(0, |g| g + 1);
+        if low >= bad {
+            return Some(bad);
+        }
+        let mid = low + (bad - low) / 2;
+        if fails(mid) {
+            bad = mid;
+        } else {
+            good = Some(mid);
+        }
+    }
+}
+
+/// Compiles (or finds) and runs one pending graph, and installs its outputs
+/// in the storages that are still alive.
+fn run(pg: PendingGraph, site: u32) -> Result<()> {
+    let PendingGraph {
+        client,
+        device_index,
+        graph,
+        sources,
+        param_op,
+        slots,
+        ops,
+        op_ends,
+        checks,
+        ..
+    } = pg;
+
+    let mut outputs = Vec::new();
+    let mut written = Vec::new();
+    for slot in &slots {
+        if let (true, Some(storage)) = (slot.written, slot.storage.upgrade()) {
+            outputs.push(slot.value);
+            written.push((storage, slot));
+        }
+    }
+    if outputs.is_empty() {
+        return Ok(());
+    }
+    let written_count = outputs.len();
+    outputs.extend(checks.iter().map(|(flag, ..)| *flag));
+    let (mut pruned, kept) = prune(&graph, &outputs);
+    // A buffer held only by this graph belongs to a storage the graph
+    // overwrites: XLA may reuse its memory for the new value.
+    let read_then_written: Vec<usize> = written.iter().filter_map(|(_, s)| s.param).collect();
+    pruned.donors = kept
+        .iter()
+        .enumerate()
+        .filter(|(_, &old)| {
+            read_then_written.contains(&old)
+                && matches!(&sources[old], Source::Buffer(b) if Arc::strong_count(b) == 1)
+        })
+        .map(|(new, _)| new)
+        .collect();
+    let provenance = cache::Provenance {
+        site,
+        ops: &ops,
+        params: kept.iter().map(|&p| param_op[p].clone()).collect(),
+    };
+    // A failed check of an earlier graph means this one may read its
+    // wrong values: that fails it first.
+    let result = verify_checks().and_then(|()| {
+        execute(
+            &client,
+            device_index,
+            &pruned,
+            &kept,
+            &sources,
+            Some(&provenance),
+        )
+    });
+    match result {
+        Ok(mut buffers) => {
+            let flags = buffers.split_off(written_count);
+            let mut latest = Vec::with_capacity(buffers.len());
+            for ((storage, _), buffer) in written.iter().zip(buffers) {
+                let dtype = buffer.dtype()?;
+                let buffer = Arc::new(buffer);
+                latest.push(Arc::downgrade(&buffer));
+                storage.set_recorded(StorageValue::Buffer { buffer, dtype });
+            }
+            if !flags.is_empty() {
+                pending_checks().push(PendingCheck {
+                    site,
+                    ops,
+                    flags: flags
+                        .into_iter()
+                        .zip(checks)
+                        .map(|(flag, (_, error, op))| (flag, error, op))
+                        .collect(),
+                    outputs: written
+                        .iter()
+                        .map(|(s, _)| Arc::downgrade(s))
+                        .zip(latest.iter().cloned())
+                        .collect(),
+                });
+            }
+            *latest_outputs() = latest;
+            Ok(())
+        }
+        Err(error) => {
+            let error = match error {
+                // Already says what failed and where.
+                Error::RecompileLimit { .. } | Error::DeferredGraph { .. } => error,
+                _ => {
+                    let culprit = find_culprit(&client, device_index, &graph, &sources, &op_ends);
+                    graph_error(error, site, &ops, culprit)
+                }
+            };
+            // Nothing is lost: storages the graph would have overwritten
+            // keep their values; values only it would have made are errors.
+            for (storage, slot) in &written {
+                let restored = match (slot.param, &slot.before) {
+                    (Some(p), _) => match &sources[p] {
+                        Source::Buffer(buffer) => {
+                            buffer.dtype().ok().map(|dtype| StorageValue::Buffer {
+                                buffer: buffer.clone(),
+                                dtype,
+                            })
+                        }
+                        Source::Host { .. } => None,
+                    },
+                    (None, Some(before)) if !matches!(before, StorageValue::Pending { .. }) => {
+                        Some(before.clone())
+                    }
+                    _ => None,
+                };
+                storage.set_recorded(restored.unwrap_or(StorageValue::Failed {
+                    code: error.code(),
+                    message: error.to_string(),
+                }));
+            }
+            Err(error)
+        }
+    }
+}
+
+fn execute(
+    client: &Client,
+    device_index: usize,
+    graph: &Graph,
+    kept: &[usize],
+    sources: &[Source],
+    provenance: Option<&cache::Provenance<'_>>,
+) -> Result<Vec<Buffer>> {
+    let exe = cache::executable(client, device_index, graph, provenance)?;
+    let device = client.device(device_index)?;
+    let mut uploaded = Vec::new();
+    for &p in kept {
+        if let Source::Host { bytes, dtype, dims } = &sources[p] {
+            uploaded.push(host_input(
+                client,
+                device_index,
+                &device,
+                bytes,
+                *dtype,
+                dims,
+            )?);
+        }
+    }
+    let mut host = uploaded.iter();
+    let mut args: Vec<&Buffer> = Vec::with_capacity(kept.len());
+    for &p in kept {
+        args.push(match &sources[p] {
+            Source::Buffer(buffer) => buffer.as_ref(),
+            Source::Host { .. } => host.next().map(Arc::as_ref).ok_or_else(|| {
+                Error::invalid("host inputs of a graph", "one upload each", "fewer")
+            })?,
+        });
+    }
+    let start = Instant::now();
+    let results = exe.execute(
+        &[&args],
+        &ExecuteOptions {
+            donate: graph.donors.clone(),
+            asynchronous: true,
+        },
+    );
+    EXECUTE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    EXECUTIONS.fetch_add(1, Ordering::Relaxed);
+    let buffers = results?.into_iter().next().unwrap_or_default();
+    if buffers.len() != graph.outputs.len() {
+        return Err(Error::invalid(
+            "outputs of a deferred graph",
+            graph.outputs.len(),
+            buffers.len(),
+        ));
+    }
+    Ok(buffers)
+}
+
+/// Wraps a failure of a deferred graph with where its ops came from.
+fn graph_error(error: Error, site: u32, ops: &[RecordedOp], culprit: Option<usize>) -> Error {
+    let mut lines: Vec<u32> = Vec::new();
+    for op in ops {
+        if op.location != 0 && !lines.contains(&op.location) {
+            lines.push(op.location);
+        }
+    }
+    let shown: Vec<String> = lines.iter().take(6).map(|&l| location_text(l)).collect();
+    let more = if lines.len() > shown.len() {
+        format!(" and {} more", lines.len() - shown.len())
+    } else {
+        String::new()
+    };
+    Error::DeferredGraph {
+        site: location_text(site),
+        ops: format!(
+            "{} ops recorded at {}{more}",
+            ops.len(),
+            if shown.is_empty() {
+                "unknown lines".to_string()
+            } else {
+                shown.join(", ")
+            }
+        ),
+        culprit: culprit
+            .map(|i| {
+                format!(
+                    " in op {i}, {} recorded at {}",
+                    ops[i].name,
+                    location_text(ops[i].location)
+                )
+            })
+            .unwrap_or_default(),
+        code: error.code(),
+        message: error.to_string(),
+    }
+}

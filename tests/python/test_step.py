@@ -1,0 +1,271 @@
+"""Step mode: `with rtpu.step():` records a whole training step (forward,
+backward, optimizer) and runs it as one XLA program. Loss curves match CPU
+eager, a step compiles once, a second process compiles nothing, recompiles
+are explained and limited, errors name the user's line, and memory stays
+flat over many steps."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rtpu
+from test_models import GPT, image_batches, small_cnn, token_batches
+
+DEVICE = "tpu"
+
+
+def mlp():
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 10)
+    )
+
+
+def mlp_batches(seed, batch=16):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)) for _ in range(4)]
+
+
+def train(device, make_model, make_optimizer, batches, steps, seed, step_mode):
+    torch.manual_seed(seed)
+    model = make_model().to(device)
+    optimizer = make_optimizer(model.parameters())
+    losses = []
+    for i in range(steps):
+        x, y = batches[i % len(batches)]
+        with rtpu.step() if step_mode else torch.enable_grad():
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad()
+            logits = model(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            loss.backward()
+            optimizer.step()
+        # Read after the loop: nothing waits for the device inside it.
+        losses.append(loss.detach())
+    return [loss.item() for loss in losses], model
+
+
+# (model, optimizer, batches, (rtol, atol) of the loss curve, whether the
+# trained weights are compared): the tolerances of the eager model tests.
+# AdamW's weights are not compared: it moves a weight by about lr whatever
+# the size of its gradient, so a near-zero gradient that differs in rounding
+# moves it differently while the loss agrees.
+CASES = {
+    "mlp": (mlp, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), mlp_batches, (1e-4, 1e-6), True),
+    "cnn": (small_cnn, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), image_batches, (2e-3, 1e-5), True),
+    "gpt": (GPT, lambda ps: torch.optim.AdamW(ps, lr=3e-3), token_batches, (2e-3, 1e-5), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_step_mode_gives_cpu_eager_loss_curve_as_one_program_per_step(name):
+    make_model, make_optimizer, make_batches, (rtol, atol), compare_weights = CASES[name]
+    seed = torch.seed() % 2**31
+    print(f"{name}: seed {seed}")  # shown on failure, to replay it
+    batches = make_batches(seed)
+    steps = 8
+    before = rtpu.metrics()
+    tpu_losses, tpu_model = train(DEVICE, make_model, make_optimizer, batches, steps, seed, step_mode=True)
+    after = rtpu.metrics()
+    cpu_losses, cpu_model = train("cpu", make_model, make_optimizer, batches, steps, seed, step_mode=False)
+    torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=rtol, atol=atol)
+    assert tpu_losses[-1] < tpu_losses[0], f"the loss goes down: {tpu_losses}"
+    assert after["cpu_fallbacks"] == before["cpu_fallbacks"], "an op fell back to the CPU"
+    # Every op of a step was recorded, and each step ran as one program.
+    assert after["ops_run"] == before["ops_run"]
+    assert after["graph_executions"] - before["graph_executions"] == steps
+    for (n, p), (_, q) in zip(tpu_model.named_parameters(), cpu_model.named_parameters()):
+        if compare_weights:
+            torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-3, atol=1e-5, msg=n)
+
+
+def test_a_200_step_loop_with_a_changing_learning_rate_compiles_once_after_warm_up():
+    torch.manual_seed(0)
+    model = mlp().to(DEVICE)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1.0 + 0.01 * step))
+    batches = mlp_batches(1)
+    warm_up = 3
+    for i in range(200):
+        if i == warm_up:
+            compiled = rtpu.metrics()["executables_compiled"]
+            executions = rtpu.metrics()["graph_executions"]
+        x, y = batches[i % len(batches)]
+        with rtpu.step():
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x.to(DEVICE)), y.to(DEVICE))
+            loss.backward()
+            optimizer.step()
+        schedule.step()
+    after = rtpu.metrics()
+    assert optimizer.param_groups[0]["lr"] < 0.1 / 2.5, "the learning rate changed every step"
+    assert after["executables_compiled"] == compiled
+    assert after["graph_executions"] - executions == 200 - warm_up
+    assert torch.isfinite(loss).item()
+
+
+def test_host_reads_and_writes_inside_a_step_see_and_keep_program_order():
+    a_cpu = torch.randn(5, 3)
+    b_cpu = torch.randn(5, 3)
+    a = a_cpu.to(DEVICE)
+    before = rtpu.metrics()["graph_executions"]
+    with rtpu.step():
+        c = a * 2 + 1
+        total = c.sum().item()  # runs what is pending
+        a.copy_(b_cpu)  # a host write into a tensor the step read
+        d = a + c
+        a.mul_(3)
+    assert rtpu.metrics()["graph_executions"] - before == 2
+    torch.testing.assert_close(total, (a_cpu * 2 + 1).sum().item(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(d.cpu(), b_cpu + a_cpu * 2 + 1)
+    torch.testing.assert_close(a.cpu(), b_cpu * 3)
+    assert torch.tpu.get_execution_mode() == "eager"
+
+
+def test_deferred_mode_runs_at_sync_and_host_reads():
+    x_cpu = torch.randn(4, 4)
+    x = x_cpu.to(DEVICE)
+    torch.tpu.set_execution_mode("deferred")
+    try:
+        before = rtpu.metrics()
+        y = (x @ x).relu()
+        z = y.sum(0)
+        assert rtpu.metrics()["graph_executions"] == before["graph_executions"], "nothing ran yet"
+        rtpu.sync()
+        assert rtpu.metrics()["graph_executions"] == before["graph_executions"] + 1
+        w = z * 2
+        assert "tensor(" in repr(w)  # printing reads the value
+        torch.testing.assert_close(w.cpu(), (x_cpu @ x_cpu).relu().sum(0) * 2)
+    finally:
+        torch.tpu.set_execution_mode("eager")
+    with pytest.raises(ValueError, match="execution mode"):
+        torch.tpu.set_execution_mode("lazy")
+
+
+def test_a_shape_change_is_explained_and_the_recompile_limit_raises(capfd):
+    model = torch.nn.Linear(32, 4).to(DEVICE)
+
+    def forward_backward(batch):
+        x = torch.randn(batch, 32).to(DEVICE)
+        with rtpu.step():
+            model(x).square().mean().backward()
+
+    rtpu.debug.explain_recompiles()
+    try:
+        forward_backward(8)
+        forward_backward(8)
+        capfd.readouterr()
+        forward_backward(6)
+    finally:
+        rtpu.debug.explain_recompiles(False)
+    explanation = capfd.readouterr().err
+    assert "recompiling the graph flushed at" in explanation
+    assert "float32[8, 32] to float32[6, 32]" in explanation, explanation
+    assert re.search(r"read by aten::\w+.* at .*test_step\.py:\d+ in forward_backward", explanation), explanation
+
+    weight = model.weight.detach().cpu()
+    rtpu.set_recompile_limit(1)
+    try:
+        with pytest.raises(RuntimeError, match=r"past the recompile limit of 1: .*float32\[\d, 32\] to float32\[5, 32\]"):
+            forward_backward(5)
+    finally:
+        rtpu.set_recompile_limit(None)
+    # The refused step changed nothing.
+    torch.testing.assert_close(model.weight.detach().cpu(), weight)
+    assert model.weight.grad is not None
+    forward_backward(5)  # without the limit it compiles
+
+
+def test_a_failing_graph_names_the_line_of_the_failing_op_and_loses_nothing():
+    w = torch.ones(3).to(DEVICE)
+    with pytest.raises(RuntimeError) as raised:
+        with rtpu.step():
+            w.mul_(2)
+            huge = torch.ones(2**42, dtype=torch.uint8, device=DEVICE)  # 4 TiB: no device has it
+            (huge + 1).sum()
+    message = str(raised.value)
+    assert re.search(r"failed in op \d+, aten::\w+.* recorded at .*test_step\.py:\d+", message), message
+    line = message.split("recorded at ")[-1]
+    assert "huge = torch.ones" in open(__file__).read().splitlines()[int(line.split(":")[1].split()[0]) - 1]
+    # The step's write to w never happened, and w is still readable.
+    torch.testing.assert_close(w.cpu(), torch.ones(3))
+    assert torch.tpu.get_execution_mode() == "eager"
+
+
+def test_an_index_computed_in_a_step_is_checked_on_the_device_and_named():
+    table_cpu = torch.randn(10, 4)
+    table = table_cpu.to(DEVICE)
+    before = rtpu.metrics()["graph_executions"]
+    with rtpu.step():
+        good = F.embedding(torch.arange(4, device=DEVICE) * 3, table)
+    torch.testing.assert_close(good.cpu(), table_cpu[[0, 3, 6, 9]])
+    with rtpu.step():
+        bad = F.embedding(torch.arange(4, device=DEVICE) * 4, table)  # index 12 of 10 rows
+    # Each step ran as one program: the indices were not read mid-step.
+    assert rtpu.metrics()["graph_executions"] - before == 2
+    pattern = r"in op \d+, aten::\w+.* recorded at .*test_step\.py:\d+.*index \(found on the device\) out of range"
+    with pytest.raises(RuntimeError, match=pattern):
+        bad.cpu()
+    with pytest.raises(RuntimeError, match="out of range"):
+        bad.cpu()  # the value stays an error, never the clamped gather
+    torch.testing.assert_close(table.cpu(), table_cpu)
+
+
+def test_1000_steps_leave_device_memory_flat():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(DEVICE)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(4, 8).to(DEVICE), torch.randn(4, 1).to(DEVICE)
+    samples = {}
+    for i in range(1000):
+        with rtpu.step():
+            optimizer.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            optimizer.step()
+        if i in (20, 999):
+            torch.tpu.synchronize()
+            samples[i] = (torch.tpu.memory_allocated(), rtpu.metrics()["live_buffers"])
+    assert samples[999] == samples[20], samples
+
+
+SECOND_PROCESS_SCRIPT = textwrap.dedent(
+    """
+    import json, torch, rtpu
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    losses = []
+    for _ in range(4):
+        with rtpu.step():
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x.to("tpu")), y.to("tpu"))
+            loss.backward()
+            optimizer.step()
+        losses.append(loss.item())
+    print(json.dumps(dict(rtpu.metrics(), losses=losses)))
+    """
+)
+
+
+def test_a_second_process_with_the_same_cache_dir_compiles_nothing(tmp_path):
+    env = dict(os.environ, RTPU_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run():
+        done = subprocess.run(
+            [sys.executable, "-c", SECOND_PROCESS_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first, second = run(), run()
+    assert first["executables_compiled"] > 0
+    assert second["executables_compiled"] == 0, second
+    assert second["disk_cache_hits"] == first["executables_compiled"]
+    assert second["losses"] == first["losses"]
