@@ -1,0 +1,193 @@
+"""Whole-step training speed on 'tpu' (step mode: one XLA program per step)
+next to PyTorch CPU eager and, when their interpreters are given, JAX (jit)
+and torch_xla (PJRT CPU) on the same models, in one run, with ratios; plus
+rtpu's recording cost per op. A benchmark, not a test: numbers vary by
+machine.
+
+Models: an MLP (784-1024-1024-10, batch 128, SGD) and a GPT (4 layers,
+d=256, 4 heads, T=128, batch 8, vocab 1024, AdamW). Every step is timed to
+completion (the device is waited for), for every framework alike.
+
+    python benches/bench_step.py [--jax-python VENV/bin/python] [--torch-xla-python VENV/bin/python]
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+# A cache of this run's own, so the first step is a real compile.
+os.environ["RTPU_CACHE_DIR"] = tempfile.mkdtemp(prefix="rtpu-bench-cache-")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import rtpu  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, vocab=1024, d=256, heads=4, layers=4, context=128):
+        super().__init__()
+        self.heads = heads
+        self.tokens = torch.nn.Embedding(vocab, d)
+        self.positions = torch.nn.Embedding(context, d)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.ModuleDict(
+                dict(
+                    ln1=torch.nn.LayerNorm(d),
+                    qkv=torch.nn.Linear(d, 3 * d),
+                    proj=torch.nn.Linear(d, d),
+                    ln2=torch.nn.LayerNorm(d),
+                    up=torch.nn.Linear(d, 4 * d),
+                    down=torch.nn.Linear(4 * d, d),
+                )
+            )
+            for _ in range(layers)
+        )
+        self.ln = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        b, t = idx.shape
+        x = self.tokens(idx) + self.positions(torch.arange(t, device=idx.device))
+        for blk in self.blocks:
+            q, k, v = blk["qkv"](blk["ln1"](x)).split(x.shape[-1], dim=2)
+            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + blk["proj"](a.transpose(1, 2).reshape(b, t, -1))
+            x = x + blk["down"](F.gelu(blk["up"](blk["ln2"](x))))
+        return self.head(self.ln(x))
+
+
+def mlp_setup(device):
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)
+    ).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batch = (torch.randn(128, 784), torch.randint(0, 10, (128,)))
+    return model, optimizer, batch
+
+
+def gpt_setup(device):
+    model = GPT().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    tokens = torch.randint(0, 1024, (8, 129))
+    return model, optimizer, (tokens[:, :-1], tokens[:, 1:])
+
+
+MODELS = {"mlp": mlp_setup, "gpt": gpt_setup}
+
+
+def train_step(model, optimizer, x, y):
+    optimizer.zero_grad()
+    logits = model(x)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def run_cpu_eager(name, steps, warmup):
+    torch.manual_seed(0)
+    model, optimizer, (x, y) = MODELS[name]("cpu")
+    times = []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        train_step(model, optimizer, x, y)
+        times.append(time.perf_counter() - start)
+    return {"first_step_s": times[0], "median_step_s": statistics.median(times[warmup:])}
+
+
+def run_rtpu_step(name, steps, warmup):
+    torch.manual_seed(0)
+    model, optimizer, (x_cpu, y_cpu) = MODELS[name]("tpu")
+    x, y = x_cpu.to("tpu"), y_cpu.to("tpu")
+    torch.tpu.synchronize()
+    times, record_s = [], []
+    before = rtpu.metrics()
+    for i in range(warmup + steps):
+        if i == warmup:
+            counted = rtpu.metrics()
+        start = time.perf_counter()
+        with rtpu.step():
+            loss = train_step(model, optimizer, x, y)
+            recorded = time.perf_counter()
+        torch.tpu.synchronize()
+        times.append(time.perf_counter() - start)
+        record_s.append(recorded - start)
+    after = rtpu.metrics()
+    assert math.isfinite(loss.item())
+    ops_per_step = (after["ops_recorded"] - counted["ops_recorded"]) / steps
+    return {
+        "first_step_s": times[0],
+        "median_step_s": statistics.median(times[warmup:]),
+        "ops_per_step": ops_per_step,
+        # The host's whole cost of recording an op (Python, dispatcher,
+        # shim and core), and the core's part of it.
+        "record_us_per_op": statistics.median(record_s[warmup:]) / ops_per_step * 1e6,
+        "core_record_us_per_op": (after["record_ns"] - counted["record_ns"])
+        / (after["ops_recorded"] - counted["ops_recorded"])
+        / 1e3,
+        "compiles_after_warmup": after["executables_compiled"] - counted["executables_compiled"],
+        "compiles": after["executables_compiled"] - before["executables_compiled"],
+    }
+
+
+def run_other(python, script, name, steps, warmup):
+    done = subprocess.run(
+        [python, os.path.join(HERE, script), "--model", name, "--steps", str(steps), "--warmup", str(warmup)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if done.returncode != 0:
+        print(f"{script} --model {name} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--models", default="mlp,gpt")
+    parser.add_argument("--jax-python", help="a Python with jax installed")
+    parser.add_argument("--torch-xla-python", help="a Python with torch_xla installed")
+    args = parser.parse_args()
+
+    for name in args.models.split(","):
+        results = {
+            "rtpu step": run_rtpu_step(name, args.steps, args.warmup),
+            "cpu eager": run_cpu_eager(name, args.steps, args.warmup),
+        }
+        if args.jax_python:
+            results["jax jit"] = run_other(args.jax_python, "jax_models.py", name, args.steps, args.warmup)
+        if args.torch_xla_python:
+            results["torch_xla"] = run_other(
+                args.torch_xla_python, "torch_xla_models.py", name, args.steps, args.warmup
+            )
+        ours = results["rtpu step"]
+        print(f"\n{name}: median step time over {args.steps} steps (first step: compile included)")
+        print(f"  {'':<12}{'step ms':>10}{'first s':>10}{'rtpu/this':>11}")
+        for label, r in results.items():
+            if r is None:
+                print(f"  {label:<12}{'failed':>10}")
+                continue
+            ratio = ours["median_step_s"] / r["median_step_s"]
+            print(f"  {label:<12}{r['median_step_s'] * 1e3:>10.2f}{r['first_step_s']:>10.2f}{ratio:>11.2f}")
+        print(
+            f"  recording: {ours['ops_per_step']:.0f} ops/step, {ours['record_us_per_op']:.2f} us/op on the host "
+            f"({ours['core_record_us_per_op']:.2f} us/op in rtpu's core); "
+            f"compiles after warm-up: {ours['compiles_after_warmup']}"
+        )
+
+
+if __name__ == "__main__":
+    main()
