@@ -390,16 +390,7 @@ at::Tensor take_output(
     // No tensor: e.g. a gradient that output_mask did not ask for.
     return at::Tensor();
   }
-  // Owned from here on, whatever fails next.
-  c10::Storage storage = wrap_storage(out.storage);
-  const auto dtype = from_rtpu_dtype(out.dtype);
-  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), kKeySet, c10::scalarTypeToTypeMeta(dtype));
-  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
-      c10::IntArrayRef(out.sizes, out.ndim),
-      c10::IntArrayRef(out.strides, out.ndim),
-      out.storage_offset);
-  return tensor;
+  return new_tensor(out);
 }
 
 // The argument a mutable return writes (same alias set), for out= ops.
@@ -551,6 +542,19 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 } // namespace
+
+at::Tensor new_tensor(const rtpu_op_output& out) {
+  // Owned from here on, whatever fails next.
+  c10::Storage storage = wrap_storage(out.storage);
+  const auto dtype = from_rtpu_dtype(out.dtype);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), kKeySet, c10::scalarTypeToTypeMeta(dtype));
+  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
+      c10::IntArrayRef(out.sizes, out.ndim),
+      c10::IntArrayRef(out.strides, out.ndim),
+      out.storage_offset);
+  return tensor;
+}
 
 size_t op_id(const char* schema_name) {
   const auto& by_name = OpTable::get().by_name;

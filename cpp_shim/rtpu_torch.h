@@ -104,6 +104,10 @@ at::Tensor to_device(const at::Tensor& src, c10::Device device);
 
 // ----- minimal_ops.cpp -----------------------------------------------------
 
+// A tensor for a new-tensor output of an op result (taking its storage
+// reference).
+at::Tensor new_tensor(const rtpu_op_output& out);
+
 // The location id (rtpu_location_intern) of the innermost Python frame
 // whose file is not under one of the internal path prefixes; 0 when there is
 // no Python frame on this thread.

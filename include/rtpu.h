@@ -285,6 +285,12 @@ typedef struct rtpu_error rtpu_error;
 typedef struct rtpu_executable rtpu_executable;
 
 /**
+ * A graph captured by `rtpu_capture_end`, replayed by `rtpu_graph_replay`.
+ * Owned by the caller: free it with `rtpu_graph_destroy`. Thread-safe.
+ */
+typedef struct rtpu_graph rtpu_graph;
+
+/**
  * The result of an op call; free it with `rtpu_op_result_destroy`.
  */
 typedef struct rtpu_op_result rtpu_op_result;
@@ -391,6 +397,34 @@ typedef struct rtpu_metrics {
 } rtpu_metrics;
 
 /**
+ * A strided view of a storage, as ATen describes a tensor. Borrowed: rtpu
+ * reads it only during the call it is passed to.
+ */
+typedef struct rtpu_tensor_ref {
+  /**
+   * The storage viewed. Required.
+   */
+  const struct rtpu_storage *storage;
+  /**
+   * In elements of `dtype`, >= 0.
+   */
+  int64_t storage_offset;
+  /**
+   * `ndim` sizes (>= 0); may be NULL when `ndim` is 0.
+   */
+  const int64_t *sizes;
+  /**
+   * `ndim` strides in elements (>= 0); may be NULL when `ndim` is 0.
+   */
+  const int64_t *strides;
+  size_t ndim;
+  /**
+   * One of `RTPU_DTYPE_*`.
+   */
+  uint32_t dtype;
+} rtpu_tensor_ref;
+
+/**
  * Arguments of `rtpu_executable_compile`.
  */
 typedef struct rtpu_compile_args {
@@ -442,34 +476,6 @@ typedef struct rtpu_execute_args {
   const size_t *donated;
   size_t num_donated;
 } rtpu_execute_args;
-
-/**
- * A strided view of a storage, as ATen describes a tensor. Borrowed: rtpu
- * reads it only during the call it is passed to.
- */
-typedef struct rtpu_tensor_ref {
-  /**
-   * The storage viewed. Required.
-   */
-  const struct rtpu_storage *storage;
-  /**
-   * In elements of `dtype`, >= 0.
-   */
-  int64_t storage_offset;
-  /**
-   * `ndim` sizes (>= 0); may be NULL when `ndim` is 0.
-   */
-  const int64_t *sizes;
-  /**
-   * `ndim` strides in elements (>= 0); may be NULL when `ndim` is 0.
-   */
-  const int64_t *strides;
-  size_t ndim;
-  /**
-   * One of `RTPU_DTYPE_*`.
-   */
-  uint32_t dtype;
-} rtpu_tensor_ref;
 
 /**
  * One argument of `rtpu_op_call`; `tag` says which fields are set. All
@@ -746,6 +752,50 @@ void rtpu_engine_set_explain_recompiles(bool on);
  * Thread-safe.
  */
 void rtpu_engine_set_recompile_limit(int64_t limit);
+
+/**
+ * Starts capturing a graph whose inputs are `inputs` (`num_inputs` refs on
+ * one device, borrowed for the call): pending work runs first, then every
+ * op until `rtpu_capture_end` is recorded. One capture at a time per
+ * process.
+ */
+struct rtpu_error *rtpu_capture_begin(const struct rtpu_runtime *runtime, const struct rtpu_tensor_ref *inputs, size_t num_inputs);
+
+/**
+ * Ends the capture: runs the recorded ops as one program, so `outputs`
+ * (`num_outputs` refs, borrowed) hold their values, and writes to
+ * `*graph_out` a graph that replays them on new inputs. If the ops cannot
+ * be replayed (`rtpu_graph_replayable` is false, `rtpu_graph_reason` says
+ * why), the values are still computed. `site` (NUL-terminated, borrowed)
+ * names the graph in errors and explanations. On success the caller owns
+ * `*graph_out`.
+ */
+struct rtpu_error *rtpu_capture_end(const struct rtpu_runtime *runtime, const struct rtpu_tensor_ref *outputs, size_t num_outputs, const char *site, struct rtpu_graph **graph_out);
+
+/**
+ * Whether the graph can be replayed. NULL gives false.
+ */
+bool rtpu_graph_replayable(const struct rtpu_graph *graph);
+
+/**
+ * Why the graph cannot be replayed, or NULL when it can (or `graph` is
+ * NULL). The string lives as long as the graph.
+ */
+const char *rtpu_graph_reason(const struct rtpu_graph *graph);
+
+/**
+ * Replays a replayable graph on `inputs` (`num_inputs` refs, borrowed;
+ * the shapes, dtypes and layouts of the captured ones): enqueues one
+ * execution, writes the inputs the graph mutates, and on success gives the
+ * outputs as an owned `*result_out` (new tensors, read with
+ * `rtpu_op_result_get`). Thread-safe.
+ */
+struct rtpu_error *rtpu_graph_replay(const struct rtpu_graph *graph, const struct rtpu_tensor_ref *inputs, size_t num_inputs, struct rtpu_op_result **result_out);
+
+/**
+ * Frees a graph. NULL is a no-op.
+ */
+void rtpu_graph_destroy(struct rtpu_graph *graph);
 
 /**
  * The error's code, one of `RTPU_ERROR_CODE_*`.

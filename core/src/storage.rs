@@ -286,6 +286,7 @@ impl Storage {
 
     /// All bytes of the storage on the host (zeros if never written).
     pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
+        crate::engine::capture::note_host_read();
         let value = self.value()?;
         // Values reach the host only after the device checks of the graphs
         // before them passed.

@@ -227,24 +227,29 @@ pub extern "C" fn rtpu_op_call(
             .map(|(i, a)| unsafe { convert_arg(a, i) })
             .collect::<Result<Vec<_>, _>>()?;
         let outputs = engine::call(&rt.client, op, &args)?;
-        let outputs: Vec<ResultOutput> = outputs
-            .into_iter()
-            .map(|output| {
-                let (sizes, strides) = match &output {
-                    Output::New { view, .. } => (view.sizes.clone(), view.strides.clone()),
-                    Output::Alias(_) | Output::None => (Vec::new(), Vec::new()),
-                };
-                ResultOutput {
-                    output,
-                    sizes,
-                    strides,
-                }
-            })
-            .collect();
         // SAFETY: checked non-NULL; written only on success.
-        unsafe { *result_out = Box::into_raw(Box::new(outputs)).cast() };
+        unsafe { *result_out = result_into_raw(outputs) };
         Ok(())
     })
+}
+
+/// An owned `rtpu_op_result` holding `outputs`.
+pub(crate) fn result_into_raw(outputs: Vec<Output>) -> *mut rtpu_op_result {
+    let outputs: Vec<ResultOutput> = outputs
+        .into_iter()
+        .map(|output| {
+            let (sizes, strides) = match &output {
+                Output::New { view, .. } => (view.sizes.clone(), view.strides.clone()),
+                Output::Alias(_) | Output::None => (Vec::new(), Vec::new()),
+            };
+            ResultOutput {
+                output,
+                sizes,
+                strides,
+            }
+        })
+        .collect();
+    Box::into_raw(Box::new(outputs)).cast()
 }
 
 /// # Safety

@@ -70,6 +70,7 @@ pub(crate) fn executable(
         }
     }
     let text = lower(graph);
+    dump(&text);
     let device_id = client.device(device_index)?.id()? as i64;
     let options = CompileOptions {
         device_assignment: Some(vec![vec![device_id]]),
@@ -105,6 +106,21 @@ pub(crate) fn executable(
         .or_default()
         .push((graph.clone(), exe.clone()));
     Ok(exe)
+}
+
+/// Writes each program compiled or loaded (on a memory miss) to
+/// `$RTPU_DUMP_DIR/<n>.mlir`, numbered in order, when the variable is set.
+fn dump(text: &str) {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let Some(dir) = std::env::var_os("RTPU_DUMP_DIR").filter(|d| !d.is_empty()) else {
+        return;
+    };
+    let path = PathBuf::from(dir).join(format!("{:05}.mlir", NEXT.fetch_add(1, Ordering::Relaxed)));
+    let written = std::fs::create_dir_all(path.parent().unwrap_or(&path))
+        .and_then(|()| std::fs::write(&path, text));
+    if let Err(e) = written {
+        eprintln!("rtpu: cannot write {}: {e}", path.display());
+    }
 }
 
 // ----- disk -------------------------------------------------------------

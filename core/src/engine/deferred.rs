@@ -17,9 +17,9 @@ use std::time::Instant;
 use super::{cache, host_input, Builder, Output, ParamSource, PendingOutput};
 use super::{EXECUTE_NS, EXECUTIONS, OPS_RECORDED};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
 use crate::ir::{Graph, Node, TensorType, ValueId};
-use crate::runtime::{Buffer, Client, ExecuteOptions};
+use crate::runtime::{Buffer, Client, ExecuteOptions, LoadedExecutable};
 use crate::storage::{Storage, StorageValue, View};
 
 /// A pending graph past this many nodes is flushed where it stands, so a
@@ -111,7 +111,8 @@ pub struct RecordedOp {
     pub location: u32,
 }
 
-enum Source {
+#[derive(Clone)]
+pub(crate) enum Source {
     Buffer(Arc<Buffer>),
     Host {
         bytes: Vec<u8>,
@@ -400,8 +401,32 @@ pub(super) fn record(builder: Builder<'_>, device_index: usize) -> Result<Vec<Ou
     Ok(results)
 }
 
+/// Sets the mode without flushing (a capture hands its pending graph over
+/// itself).
+pub(super) fn set_mode_flag(deferred: bool) {
+    DEFERRED.store(deferred, Ordering::Relaxed);
+}
+
+/// Runs one device's pending graph for a capture (see `run_graph`).
+pub(super) fn run_for_capture(
+    client: &Client,
+    device_index: usize,
+    site: u32,
+) -> Result<Option<RanGraph>> {
+    let mut all = pending();
+    let Some(index) = all
+        .iter()
+        .position(|g| g.client.id() == client.id() && g.device_index == device_index)
+    else {
+        return Ok(None);
+    };
+    let pg = all.swap_remove(index);
+    run_graph(pg, site, true)
+}
+
 /// Runs the pending graph of one device, if it has one.
 pub fn flush_device(client: &Client, device_index: usize) -> Result<()> {
+    // Held while the graph runs, so no op records into a graph half-taken.
     let mut all = pending();
     let Some(index) = all
         .iter()
@@ -438,11 +463,41 @@ fn latest_outputs() -> MutexGuard<'static, Vec<Weak<Buffer>>> {
         .unwrap_or_else(|p| p.into_inner())
 }
 
+/// Registers the check flags a graph's run produced, to be read at the next
+/// sync point; `latest` are the buffers it installed in `written`.
+pub(super) fn watch_checks(
+    site: u32,
+    ops: &[RecordedOp],
+    flags: Vec<Buffer>,
+    checks: &[((ErrorCode, String), usize)],
+    written: &[Arc<Storage>],
+    latest: &[Weak<Buffer>],
+) {
+    if flags.is_empty() {
+        return;
+    }
+    pending_checks().push(PendingCheck {
+        site,
+        ops: ops.to_vec(),
+        flags: flags
+            .into_iter()
+            .zip(checks.iter().cloned())
+            .map(|(flag, (error, op))| (flag, error, op))
+            .collect(),
+        outputs: written
+            .iter()
+            .map(Arc::downgrade)
+            .zip(latest.iter().cloned())
+            .collect(),
+    });
+}
+
 /// The device-side checks of a graph that ran, read at the next sync point.
 struct PendingCheck {
     site: u32,
     ops: Vec<RecordedOp>,
-    flags: Vec<(Buffer, Error, usize)>,
+    /// Per check: its flag, the error it raises (code, message), its op.
+    flags: Vec<(Buffer, (ErrorCode, String), usize)>,
     /// The graph's outputs, failed if a check does: their values may be
     /// wrong (XLA clamps out-of-range gathers).
     outputs: Vec<(Weak<Storage>, Weak<Buffer>)>,
@@ -613,9 +668,27 @@ fn find_culprit(
     }
 }
 
+/// A graph that ran for a capture (`capture::end`): what replaying it needs.
+pub(super) struct RanGraph {
+    pub exe: Arc<LoadedExecutable>,
+    /// What feeds each parameter of the program.
+    pub sources: Vec<Source>,
+    /// The storages whose new values are the program's first outputs.
+    pub written: Vec<Arc<Storage>>,
+    /// The device-side checks, whose flags are the remaining outputs.
+    pub checks: Vec<((ErrorCode, String), usize)>,
+    pub ops: Vec<RecordedOp>,
+}
+
 /// Compiles (or finds) and runs one pending graph, and installs its outputs
-/// in the storages that are still alive.
+/// in the storages that are still alive. For a capture nothing is donated
+/// (replays keep their inputs) and what ran is returned.
 fn run(pg: PendingGraph, site: u32) -> Result<()> {
+    super::capture::note_flush(site);
+    run_graph(pg, site, false).map(|_| ())
+}
+
+fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGraph>> {
     let PendingGraph {
         client,
         device_index,
@@ -638,7 +711,7 @@ fn run(pg: PendingGraph, site: u32) -> Result<()> {
         }
     }
     if outputs.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let written_count = outputs.len();
     outputs.extend(checks.iter().map(|(flag, ..)| *flag));
@@ -650,7 +723,8 @@ fn run(pg: PendingGraph, site: u32) -> Result<()> {
         .iter()
         .enumerate()
         .filter(|(_, &old)| {
-            read_then_written.contains(&old)
+            !capture
+                && read_then_written.contains(&old)
                 && matches!(&sources[old], Source::Buffer(b) if Arc::strong_count(b) == 1)
         })
         .map(|(new, _)| new)
@@ -673,7 +747,7 @@ fn run(pg: PendingGraph, site: u32) -> Result<()> {
         )
     });
     match result {
-        Ok(mut buffers) => {
+        Ok((exe, mut buffers)) => {
             let flags = buffers.split_off(written_count);
             let mut latest = Vec::with_capacity(buffers.len());
             for ((storage, _), buffer) in written.iter().zip(buffers) {
@@ -682,24 +756,20 @@ fn run(pg: PendingGraph, site: u32) -> Result<()> {
                 latest.push(Arc::downgrade(&buffer));
                 storage.set_recorded(StorageValue::Buffer { buffer, dtype });
             }
-            if !flags.is_empty() {
-                pending_checks().push(PendingCheck {
-                    site,
-                    ops,
-                    flags: flags
-                        .into_iter()
-                        .zip(checks)
-                        .map(|(flag, (_, error, op))| (flag, error, op))
-                        .collect(),
-                    outputs: written
-                        .iter()
-                        .map(|(s, _)| Arc::downgrade(s))
-                        .zip(latest.iter().cloned())
-                        .collect(),
-                });
-            }
+            let checks: Vec<((ErrorCode, String), usize)> = checks
+                .into_iter()
+                .map(|(_, error, op)| ((error.code(), error.to_string()), op))
+                .collect();
+            let written: Vec<Arc<Storage>> = written.into_iter().map(|(s, _)| s).collect();
+            watch_checks(site, &ops, flags, &checks, &written, &latest);
             *latest_outputs() = latest;
-            Ok(())
+            Ok(capture.then(|| RanGraph {
+                exe,
+                sources: kept.iter().map(|&p| sources[p].clone()).collect(),
+                written,
+                checks,
+                ops,
+            }))
         }
         Err(error) => {
             let error = match error {
@@ -707,7 +777,7 @@ fn run(pg: PendingGraph, site: u32) -> Result<()> {
                 Error::RecompileLimit { .. } | Error::DeferredGraph { .. } => error,
                 _ => {
                     let culprit = find_culprit(&client, device_index, &graph, &sources, &op_ends);
-                    graph_error(error, site, &ops, culprit)
+                    graph_error((error.code(), error.to_string()), site, &ops, culprit)
                 }
             };
             // Nothing is lost: storages the graph would have overwritten
@@ -745,7 +815,7 @@ fn execute(
     kept: &[usize],
     sources: &[Source],
     provenance: Option<&cache::Provenance<'_>>,
-) -> Result<Vec<Buffer>> {
+) -> Result<(Arc<LoadedExecutable>, Vec<Buffer>)> {
     let exe = cache::executable(client, device_index, graph, provenance)?;
     let device = client.device(device_index)?;
     let mut uploaded = Vec::new();
@@ -789,11 +859,16 @@ fn execute(
             buffers.len(),
         ));
     }
-    Ok(buffers)
+    Ok((exe, buffers))
 }
 
 /// Wraps a failure of a deferred graph with where its ops came from.
-fn graph_error(error: Error, site: u32, ops: &[RecordedOp], culprit: Option<usize>) -> Error {
+fn graph_error(
+    (code, message): (ErrorCode, String),
+    site: u32,
+    ops: &[RecordedOp],
+    culprit: Option<usize>,
+) -> Error {
     let mut lines: Vec<u32> = Vec::new();
     for op in ops {
         if op.location != 0 && !lines.contains(&op.location) {
@@ -826,7 +901,7 @@ fn graph_error(error: Error, site: u32, ops: &[RecordedOp], culprit: Option<usiz
                 )
             })
             .unwrap_or_default(),
-        code: error.code(),
-        message: error.to_string(),
+        code,
+        message,
     }
 }

@@ -10,6 +10,7 @@
 //! it, and installs the results.
 
 pub mod cache;
+pub mod capture;
 pub mod deferred;
 
 use std::collections::HashMap;
@@ -939,8 +940,9 @@ impl<'a> Builder<'a> {
     /// Checks that every element of integer tensor `t` lies in `[low, high)`
     /// (or equals `ignore`); `error` describes the first bad value. Values
     /// at hand are checked on the host now; a value a pending graph computes
-    /// is checked on the device instead (reading it would run the graph
-    /// mid-step), and a failure is raised at the next sync point.
+    /// (reading it would run the graph mid-step), or any value during a
+    /// capture, is checked on the device instead, and a failure is raised at
+    /// the next sync point.
     pub fn check_range(
         &mut self,
         t: &TensorArg,
@@ -948,8 +950,11 @@ impl<'a> Builder<'a> {
         ignore: Option<i64>,
         error: impl Fn(String) -> Error,
     ) -> Result<()> {
-        let pending = matches!(t.storage.recorded_value(), StorageValue::Pending { .. });
-        if !(self.deferred && pending) {
+        // A captured graph checks on the device too, so its replays do.
+        let on_device = self.deferred
+            && (capture::is_capturing()
+                || matches!(t.storage.recorded_value(), StorageValue::Pending { .. }));
+        if !on_device {
             let values = ops::index::host_values(t)?;
             let bad = values
                 .iter()

@@ -1,0 +1,388 @@
+//! Captured graphs, for `torch.compile(backend="tpu")`: the ops run between
+//! `begin(inputs)` and `end(outputs)` are recorded like a deferred step, run
+//! once as one program, and kept as a `CapturedGraph` that later calls
+//! replay on new inputs with no per-op work: each input's buffer is bound
+//! straight to the executable, outputs become new storages, and inputs the
+//! graph writes (optimizer state, BatchNorm statistics) take their new
+//! values in place.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+use super::deferred::{self, RanGraph, RecordedOp, Source};
+use super::{host_input, Output, TensorArg, EXECUTE_NS, EXECUTIONS};
+use crate::dtype::DType;
+use crate::error::{Error, ErrorCode, Result};
+use crate::runtime::{Buffer, Client, ExecuteOptions, LoadedExecutable};
+use crate::storage::{Storage, StorageValue, View};
+
+/// What feeds a parameter of a captured program.
+enum Binding {
+    /// The buffer of input `i`.
+    Input(usize),
+    /// A tensor the graph read that is not an input (a constant of the
+    /// graph): its value at capture.
+    Fixed(Arc<Buffer>),
+    /// A scalar or host data the graph's ops baked in.
+    Host {
+        bytes: Vec<u8>,
+        dtype: DType,
+        dims: Vec<i64>,
+    },
+}
+
+/// Where a value the program computes goes.
+enum Written {
+    /// The new value of input `i`'s storage.
+    Input(usize),
+    /// A new storage, returned as these outputs (index, view).
+    Outputs(Vec<(usize, View)>),
+    /// A value nothing returns.
+    Dropped,
+}
+
+/// An output that is (a view of) an input: it aliases that input's storage.
+struct InputView {
+    output: usize,
+    input: usize,
+    view: View,
+}
+
+/// A graph recorded once and replayed on new inputs.
+pub struct CapturedGraph {
+    client: Client,
+    device_index: usize,
+    exe: Arc<LoadedExecutable>,
+    params: Vec<Binding>,
+    written: Vec<Written>,
+    input_views: Vec<InputView>,
+    num_inputs: usize,
+    num_outputs: usize,
+    checks: Vec<((ErrorCode, String), usize)>,
+    ops: Vec<RecordedOp>,
+    site: u32,
+}
+
+struct Capture {
+    inputs: Vec<TensorArg>,
+    /// Why the recorded ops cannot be replayed, once something ran part of
+    /// them before the end (a host read or a CPU fallback flushed).
+    broken: Option<String>,
+    /// Each input's buffer when the capture began.
+    buffers: Vec<Option<Arc<Buffer>>>,
+    device_index: usize,
+    was_deferred: bool,
+}
+
+/// Set while a capture records: checks that would read values on the host
+/// go to the device instead, so replays check too.
+static CAPTURING: AtomicBool = AtomicBool::new(false);
+
+pub fn is_capturing() -> bool {
+    CAPTURING.load(Ordering::Relaxed)
+}
+
+fn capture() -> MutexGuard<'static, Option<Capture>> {
+    static CAPTURE: OnceLock<Mutex<Option<Capture>>> = OnceLock::new();
+    CAPTURE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Starts recording a graph of `inputs` (on one device). What was pending
+/// runs first, so the graph holds only the captured ops.
+pub fn begin(inputs: &[TensorArg]) -> Result<()> {
+    if capture().is_some() {
+        return Err(Error::invalid(
+            "graph capture",
+            "one capture at a time",
+            "a capture that has not ended",
+        ));
+    }
+    // Not under the capture lock: a flush takes it (`note_flush`).
+    deferred::flush_all(None)?;
+    let device_index = inputs.first().map_or(0, |t| t.storage.device_index());
+    let mut buffers = Vec::with_capacity(inputs.len());
+    for (i, input) in inputs.iter().enumerate() {
+        if input.storage.device_index() != device_index {
+            return Err(Error::invalid(
+                format!("captured graph input {i}"),
+                format!("a tensor on tpu:{device_index}, like input 0"),
+                format!("one on tpu:{}", input.storage.device_index()),
+            ));
+        }
+        buffers.push(match input.storage.value()? {
+            StorageValue::Buffer { buffer, .. } => Some(buffer),
+            _ => None,
+        });
+    }
+    *capture() = Some(Capture {
+        inputs: inputs.to_vec(),
+        broken: None,
+        buffers,
+        device_index,
+        was_deferred: deferred::is_deferred(),
+    });
+    CAPTURING.store(true, Ordering::Relaxed);
+    deferred::set_mode_flag(true);
+    Ok(())
+}
+
+/// Ends the capture: runs what was recorded as one program (so `outputs`
+/// hold this call's results) and returns the graph to replay, or why it
+/// cannot be replayed (then later calls should run their ops again).
+pub fn end(
+    client: &Client,
+    outputs: &[TensorArg],
+    site: &str,
+) -> Result<std::result::Result<CapturedGraph, String>> {
+    let state = capture()
+        .take()
+        .ok_or_else(|| Error::invalid("graph capture", "a capture to end", "none began"))?;
+    CAPTURING.store(false, Ordering::Relaxed);
+    let site = deferred::intern_location(site);
+    let ran = deferred::run_for_capture(client, state.device_index, site);
+    deferred::set_mode_flag(state.was_deferred);
+    let Some(ran) = ran? else {
+        return Ok(Err("the graph computes nothing on the device".to_string()));
+    };
+    if let Some(reason) = state.broken {
+        return Ok(Err(reason));
+    }
+    Ok(bind(client, &state, outputs, ran, site))
+}
+
+/// Called whenever a pending graph runs: during a capture that splits the
+/// recorded ops, so they cannot be replayed as one graph.
+pub(super) fn note_flush(site: u32) {
+    if is_capturing() {
+        broken(format!(
+            "part of it ran before its end (a host read or a CPU fallback at {})",
+            deferred::location_text(site)
+        ));
+    }
+}
+
+/// Called when a storage's values are read on the host: during a capture
+/// the recorded graph may depend on them (shapes, gathered positions), so
+/// replaying it on other inputs could be wrong.
+pub(crate) fn note_host_read() {
+    if is_capturing() {
+        broken("an op read tensor values on the host".to_string());
+    }
+}
+
+fn broken(reason: String) {
+    if let Some(state) = capture().as_mut() {
+        state.broken.get_or_insert(reason);
+    }
+}
+
+fn bind(
+    client: &Client,
+    state: &Capture,
+    outputs: &[TensorArg],
+    ran: RanGraph,
+    site: u32,
+) -> std::result::Result<CapturedGraph, String> {
+    let is_input = |storage: &Arc<Storage>| {
+        state
+            .inputs
+            .iter()
+            .position(|t| Arc::ptr_eq(&t.storage, storage))
+    };
+    let params = ran
+        .sources
+        .into_iter()
+        .map(|source| match source {
+            Source::Buffer(buffer) => state
+                .buffers
+                .iter()
+                .position(|b| b.as_ref().is_some_and(|b| Arc::ptr_eq(b, &buffer)))
+                .map_or(Binding::Fixed(buffer), Binding::Input),
+            Source::Host { bytes, dtype, dims } => Binding::Host { bytes, dtype, dims },
+        })
+        .collect();
+    let mut returned = vec![false; outputs.len()];
+    let written = ran
+        .written
+        .iter()
+        .map(|storage| {
+            if let Some(i) = is_input(storage) {
+                return Written::Input(i);
+            }
+            let views: Vec<(usize, View)> = outputs
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| Arc::ptr_eq(&t.storage, storage))
+                .map(|(k, t)| (k, t.view.clone()))
+                .collect();
+            for (k, _) in &views {
+                returned[*k] = true;
+            }
+            if views.is_empty() {
+                Written::Dropped
+            } else {
+                Written::Outputs(views)
+            }
+        })
+        .collect();
+    // Outputs the graph does not compute may be inputs or views of them
+    // (tensors saved for backward); they alias the replay's inputs.
+    let mut input_views = Vec::new();
+    for (k, t) in outputs.iter().enumerate() {
+        if returned[k] {
+            continue;
+        }
+        let Some(input) = is_input(&t.storage) else {
+            return Err(format!(
+                "output {k} is neither computed by the graph nor an input (a constant)"
+            ));
+        };
+        input_views.push(InputView {
+            output: k,
+            input,
+            view: t.view.clone(),
+        });
+    }
+    Ok(CapturedGraph {
+        client: client.clone(),
+        device_index: state.device_index,
+        exe: ran.exe,
+        params,
+        written,
+        input_views,
+        num_inputs: state.inputs.len(),
+        num_outputs: outputs.len(),
+        checks: ran.checks,
+        ops: ran.ops,
+        site,
+    })
+}
+
+impl CapturedGraph {
+    /// Runs the graph on `inputs` (the same shapes, dtypes and layouts as at
+    /// capture): returns its outputs and writes the inputs it mutates.
+    pub fn replay(&self, inputs: &[TensorArg]) -> Result<Vec<Output>> {
+        if inputs.len() != self.num_inputs {
+            return Err(Error::invalid(
+                "captured graph inputs",
+                self.num_inputs,
+                inputs.len(),
+            ));
+        }
+        // An earlier graph's failed check means these inputs may be wrong.
+        deferred::verify_checks()?;
+        let mut input_buffers = Vec::with_capacity(inputs.len());
+        for (i, input) in inputs.iter().enumerate() {
+            if input.storage.device_index() != self.device_index {
+                return Err(Error::invalid(
+                    format!("captured graph input {i}"),
+                    format!("a tensor on tpu:{}", self.device_index),
+                    format!("one on tpu:{}", input.storage.device_index()),
+                ));
+            }
+            input_buffers.push(match input.storage.value()? {
+                StorageValue::Buffer { buffer, .. } => Some(buffer),
+                _ => None,
+            });
+        }
+        let device = self.client.device(self.device_index)?;
+        let mut args: Vec<Arc<Buffer>> = Vec::with_capacity(self.params.len());
+        for binding in &self.params {
+            args.push(match binding {
+                Binding::Input(i) => input_buffers[*i].clone().ok_or_else(|| {
+                    Error::invalid(
+                        format!("captured graph input {i}"),
+                        "a tensor with a value",
+                        "a never-written storage",
+                    )
+                })?,
+                Binding::Fixed(buffer) => buffer.clone(),
+                Binding::Host { bytes, dtype, dims } => host_input(
+                    &self.client,
+                    self.device_index,
+                    &device,
+                    bytes,
+                    *dtype,
+                    dims,
+                )?,
+            });
+        }
+        let arg_refs: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
+        let start = Instant::now();
+        let results = self.exe.execute(
+            &[&arg_refs],
+            &ExecuteOptions {
+                donate: Vec::new(),
+                asynchronous: true,
+            },
+        );
+        EXECUTE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        EXECUTIONS.fetch_add(1, Ordering::Relaxed);
+        let mut buffers = results?.into_iter().next().unwrap_or_default();
+        if buffers.len() != self.written.len() + self.checks.len() {
+            return Err(Error::invalid(
+                "outputs of a captured graph",
+                self.written.len() + self.checks.len(),
+                buffers.len(),
+            ));
+        }
+        let flags = buffers.split_off(self.written.len());
+        let mut outputs: Vec<Option<Output>> = (0..self.num_outputs).map(|_| None).collect();
+        let mut written_storages = Vec::new();
+        let mut latest = Vec::new();
+        for (written, buffer) in self.written.iter().zip(buffers) {
+            let dtype = buffer.dtype()?;
+            match written {
+                Written::Input(i) => {
+                    let storage = &inputs[*i].storage;
+                    storage.set_value(buffer, dtype)?;
+                    if let StorageValue::Buffer { buffer, .. } = storage.recorded_value() {
+                        latest.push(Arc::downgrade(&buffer));
+                    }
+                    written_storages.push(storage.clone());
+                }
+                Written::Outputs(views) => {
+                    let storage =
+                        Storage::from_buffer(&self.client, self.device_index, buffer, dtype)?;
+                    if let StorageValue::Buffer { buffer, .. } = storage.recorded_value() {
+                        latest.push(Arc::downgrade(&buffer));
+                    }
+                    for (k, view) in views {
+                        outputs[*k] = Some(Output::New {
+                            storage: storage.clone(),
+                            view: view.clone(),
+                        });
+                    }
+                    written_storages.push(storage);
+                }
+                Written::Dropped => {}
+            }
+        }
+        for alias in &self.input_views {
+            outputs[alias.output] = Some(Output::New {
+                storage: inputs[alias.input].storage.clone(),
+                view: alias.view.clone(),
+            });
+        }
+        deferred::watch_checks(
+            self.site,
+            &self.ops,
+            flags,
+            &self.checks,
+            &written_storages,
+            &latest,
+        );
+        outputs
+            .into_iter()
+            .map(|o| {
+                o.ok_or_else(|| {
+                    Error::invalid("captured graph outputs", "all bound", "one unbound")
+                })
+            })
+            .collect()
+    }
+}
