@@ -1,8 +1,9 @@
-"""Whole-step training speed on 'tpu' (step mode: one XLA program per step)
-next to PyTorch CPU eager and, when their interpreters are given, JAX (jit)
-and torch_xla (PJRT CPU) on the same models, in one run, with ratios; plus
-rtpu's recording cost per op. A benchmark, not a test: numbers vary by
-machine.
+"""Whole-step training speed on 'tpu' in step mode (one XLA program per
+step, recorded op by op) and compile mode (`torch.compile(train_step,
+backend="tpu")`: captured graphs replayed) next to PyTorch CPU eager and,
+when their interpreters are given, JAX (jit) and torch_xla (PJRT CPU) on the
+same models, in one run, with ratios; plus rtpu's recording cost per op. A
+benchmark, not a test: numbers vary by machine.
 
 Models: an MLP (784-1024-1024-10, batch 128, SGD) and a GPT (4 layers,
 d=256, 4 heads, T=128, batch 8, vocab 1024, AdamW). Every step is timed to
@@ -77,7 +78,11 @@ def mlp_setup(device):
 
 def gpt_setup(device):
     model = GPT().to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    # capturable keeps AdamW's step counts on the device, so a compiled
+    # optimizer step has no CPU inputs (and replays); the math is the same.
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=3e-3, weight_decay=0.01, capturable=device == "tpu"
+    )
     tokens = torch.randint(0, 1024, (8, 129))
     return model, optimizer, (tokens[:, :-1], tokens[:, 1:])
 
@@ -140,12 +145,37 @@ def run_rtpu_step(name, steps, warmup):
     }
 
 
-def run_other(python, script, name, steps, warmup):
+def run_rtpu_compile(name, steps, warmup):
+    torch.manual_seed(0)
+    model, optimizer, (x_cpu, y_cpu) = MODELS[name]("tpu")
+    x, y = x_cpu.to("tpu"), y_cpu.to("tpu")
+    step = torch.compile(train_step, backend="tpu")
+    torch.tpu.synchronize()
+    times = []
+    for i in range(warmup + steps):
+        if i == warmup:
+            counted = rtpu.metrics()
+        start = time.perf_counter()
+        loss = step(model, optimizer, x, y)
+        torch.tpu.synchronize()
+        times.append(time.perf_counter() - start)
+    after = rtpu.metrics()
+    assert math.isfinite(loss.item())
+    return {
+        "first_step_s": times[0],
+        "median_step_s": statistics.median(times[warmup:]),
+        "compiles_after_warmup": after["executables_compiled"] - counted["executables_compiled"],
+        "ops_recorded_after_warmup": after["ops_recorded"] - counted["ops_recorded"],
+    }
+
+
+def run_other(python, script, name, steps, warmup, env=None):
     done = subprocess.run(
         [python, os.path.join(HERE, script), "--model", name, "--steps", str(steps), "--warmup", str(warmup)],
         capture_output=True,
         text=True,
         timeout=3600,
+        env=env,
     )
     if done.returncode != 0:
         print(f"{script} --model {name} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
@@ -165,27 +195,51 @@ def main():
     for name in args.models.split(","):
         results = {
             "rtpu step": run_rtpu_step(name, args.steps, args.warmup),
+            "rtpu compile": run_rtpu_compile(name, args.steps, args.warmup),
             "cpu eager": run_cpu_eager(name, args.steps, args.warmup),
         }
         if args.jax_python:
             results["jax jit"] = run_other(args.jax_python, "jax_models.py", name, args.steps, args.warmup)
+            # The same JAX program on the XLA CPU plugin rtpu runs on (a
+            # different XLA build from jaxlib's own CPU client): separates
+            # rtpu's costs from the plugin's.
+            results["jax (plugin)"] = run_other(
+                args.jax_python,
+                "jax_models.py",
+                name,
+                args.steps,
+                args.warmup,
+                env=dict(
+                    os.environ,
+                    PJRT_NAMES_AND_LIBRARY_PATHS=f"rtpucpu:{os.environ['RTPU_PLUGIN']}",
+                    JAX_PLATFORMS="rtpucpu",
+                ),
+            )
         if args.torch_xla_python:
             results["torch_xla"] = run_other(
                 args.torch_xla_python, "torch_xla_models.py", name, args.steps, args.warmup
             )
-        ours = results["rtpu step"]
+        ours, compiled = results["rtpu step"], results["rtpu compile"]
         print(f"\n{name}: median step time over {args.steps} steps (first step: compile included)")
-        print(f"  {'':<12}{'step ms':>10}{'first s':>10}{'rtpu/this':>11}")
+        print(f"  {'':<14}{'step ms':>10}{'first s':>10}{'step/this':>11}{'compile/this':>14}")
         for label, r in results.items():
             if r is None:
-                print(f"  {label:<12}{'failed':>10}")
+                print(f"  {label:<14}{'failed':>10}")
                 continue
-            ratio = ours["median_step_s"] / r["median_step_s"]
-            print(f"  {label:<12}{r['median_step_s'] * 1e3:>10.2f}{r['first_step_s']:>10.2f}{ratio:>11.2f}")
+            step_ratio = ours["median_step_s"] / r["median_step_s"]
+            compile_ratio = compiled["median_step_s"] / r["median_step_s"]
+            print(
+                f"  {label:<14}{r['median_step_s'] * 1e3:>10.2f}{r['first_step_s']:>10.2f}"
+                f"{step_ratio:>11.2f}{compile_ratio:>14.2f}"
+            )
         print(
-            f"  recording: {ours['ops_per_step']:.0f} ops/step, {ours['record_us_per_op']:.2f} us/op on the host "
-            f"({ours['core_record_us_per_op']:.2f} us/op in rtpu's core); "
+            f"  step mode: {ours['ops_per_step']:.0f} ops/step recorded at {ours['record_us_per_op']:.2f} us/op "
+            f"on the host ({ours['core_record_us_per_op']:.2f} us/op in rtpu's core); "
             f"compiles after warm-up: {ours['compiles_after_warmup']}"
+        )
+        print(
+            f"  compile mode: compiles after warm-up: {compiled['compiles_after_warmup']}, "
+            f"ops recorded after warm-up: {compiled['ops_recorded_after_warmup']}"
         )
 
 

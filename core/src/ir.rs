@@ -278,11 +278,19 @@ pub enum Node {
         indices: ValueId,
         updates: ValueId,
     },
-    /// `operand` with `update` written at constant `start` (same rank).
-    UpdateSlice {
+    /// `size` elements of a 1-D `operand` from `start` (an s64 scalar
+    /// value), so the position is an input, not part of the program.
+    DynamicSlice {
+        operand: ValueId,
+        start: ValueId,
+        size: i64,
+    },
+    /// A 1-D `operand` with 1-D `update` written from `start` (an s64
+    /// scalar value).
+    DynamicUpdateSlice {
         operand: ValueId,
         update: ValueId,
-        start: Vec<i64>,
+        start: ValueId,
     },
     /// `stablehlo.convolution`. Layouts name each operand's dims in order:
     /// `b`/`f` (batch, feature) for the input and output, `o`/`i` (output,
@@ -366,9 +374,9 @@ impl Node {
                 operand: x,
                 indices: y,
             }
-            | Node::UpdateSlice {
+            | Node::DynamicSlice {
                 operand: x,
-                update: y,
+                start: y,
                 ..
             }
             | Node::Pad {
@@ -402,6 +410,15 @@ impl Node {
                 f(operand);
                 f(indices);
                 f(updates);
+            }
+            Node::DynamicUpdateSlice {
+                operand,
+                update,
+                start,
+            } => {
+                f(operand);
+                f(update);
+                f(start);
             }
             Node::Concat { operands, .. } => operands.iter_mut().for_each(f),
         }

@@ -319,24 +319,22 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
                 graph.ty(*updates)
             );
         }
-        Node::UpdateSlice { operand, update, start } => {
-            let index_ty = TensorType::new(DType::I64, &[]);
-            let mut names = Vec::new();
-            for (d, s) in start.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "    %v{id}_s{d} = \"stablehlo.constant\"() {{value = dense<{s}> : {index_ty}}} : () -> {index_ty}"
-                );
-                names.push(format!("%v{id}_s{d}"));
-            }
-            let index_types = vec![index_ty.to_string(); start.len()].join(", ");
-            let sep = if start.is_empty() { "" } else { ", " };
+        Node::DynamicSlice { operand, start, size } => {
             let _ = writeln!(
                 out,
-                "    %v{id} = \"stablehlo.dynamic_update_slice\"(%v{operand}, %v{update}{sep}{}) : ({}, {}{sep}{index_types}) -> {ty}",
-                names.join(", "),
+                "    %v{id} = \"stablehlo.dynamic_slice\"(%v{operand}, %v{start}) {{slice_sizes = {}}} : ({}, {}) -> {ty}",
+                i64_array(&[*size]),
+                graph.ty(*operand),
+                graph.ty(*start),
+            );
+        }
+        Node::DynamicUpdateSlice { operand, update, start } => {
+            let _ = writeln!(
+                out,
+                "    %v{id} = \"stablehlo.dynamic_update_slice\"(%v{operand}, %v{update}, %v{start}) : ({}, {}, {}) -> {ty}",
                 graph.ty(*operand),
                 graph.ty(*update),
+                graph.ty(*start),
             );
         }
         Node::Convolution {

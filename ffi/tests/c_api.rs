@@ -92,6 +92,8 @@ fn run(program: &Path, args: &[&Path]) {
         // stale librtpu.so one directory up.
         .env("LD_LIBRARY_PATH", lib_dir())
         .env("RTPU_PLUGIN", plugin_path())
+        // No disk cache: the tests count compiles, and stay hermetic.
+        .env("RTPU_CACHE_DIR", "")
         .env("ASAN_OPTIONS", "detect_leaks=1")
         .env(
             "LSAN_OPTIONS",
@@ -141,6 +143,13 @@ fn bad_input_gives_errors_not_crashes() {
 fn storages_views_and_op_calls() {
     let exe = out_dir().join("ops");
     compile("cc", "-std=c11", "tests/c/ops.c", &exe, &[]);
+    run(&exe, &[]);
+}
+
+#[test]
+fn deferred_execution_and_captured_graphs() {
+    let exe = out_dir().join("deferred");
+    compile("cc", "-std=c11", "tests/c/deferred.c", &exe, &[]);
     run(&exe, &[]);
 }
 

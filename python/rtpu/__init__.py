@@ -40,10 +40,28 @@ def _initialize() -> None:
         torch.utils.generate_methods_for_privateuse1_backend(
             for_tensor=True, for_module=True, for_storage=True
         )
+    _print_through_host()
     # A recorded op is attributed to the innermost frame outside these.
     torch.ops.rtpu.set_internal_paths(
         [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep]
     )
+
+
+def _print_through_host() -> None:
+    """Formatting a tensor runs element-wise ops on slices of it (is each
+    value an integer? how wide?). PyTorch copies xla and lazy tensors to the
+    CPU first so printing compiles nothing; tpu tensors get the same."""
+    from torch import _tensor_str
+
+    format_values = _tensor_str._tensor_str
+    if getattr(format_values, "_rtpu", False):
+        return
+
+    def tensor_str(self: torch.Tensor, indent: int) -> str:
+        return format_values(self.cpu() if self.device.type == _BACKEND else self, indent)
+
+    tensor_str._rtpu = True
+    _tensor_str._tensor_str = tensor_str
 
 
 _initialize()

@@ -48,4 +48,13 @@ static inline void check_error(rtpu_error *err, unsigned code, const char *needl
 
 #define CHECK_ERROR(call, code, needle) check_error((call), (code), (needle), #call, __FILE__, __LINE__)
 
+/* The id of the core op with this schema name; exits if there is none. */
+static inline size_t find_op(const char *name) {
+  for (size_t i = 0; i < rtpu_op_count(); i++) {
+    if (strcmp(rtpu_op_name(i), name) == 0) return i;
+  }
+  fprintf(stderr, "op %s not found\n", name);
+  exit(1);
+}
+
 #endif

@@ -6,14 +6,6 @@
 
 enum { INVALID = RTPU_ERROR_CODE_INVALID_ARGUMENT };
 
-static size_t find_op(const char *name) {
-  for (size_t i = 0; i < rtpu_op_count(); i++) {
-    if (strcmp(rtpu_op_name(i), name) == 0) return i;
-  }
-  fprintf(stderr, "op %s not found\n", name);
-  exit(1);
-}
-
 static rtpu_tensor_ref view_of(const rtpu_storage *s, int64_t offset, const int64_t *sizes,
                                const int64_t *strides, size_t ndim) {
   rtpu_tensor_ref ref;

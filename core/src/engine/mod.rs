@@ -1066,6 +1066,25 @@ impl<'a> Builder<'a> {
         Ok(self.bitcast(flat, dtype))
     }
 
+    /// Elements `offset..offset + len` of a flat value. A nonzero offset is
+    /// an input, not part of the program, so reading element i of a tensor
+    /// compiles once for every i.
+    fn flat_window(&mut self, flat: ValueId, offset: i64, len: i64) -> ValueId {
+        if offset == 0 {
+            return self.slice(flat, &[0], &[len], &[1]);
+        }
+        let start = self.scalar_input(Literal::Int(offset), DType::I64);
+        let dtype = self.dtype(flat);
+        self.push(
+            Node::DynamicSlice {
+                operand: flat,
+                start,
+                size: len,
+            },
+            TensorType::new(dtype, &[len]),
+        )
+    }
+
     /// Storage element indices of `view` as an s64 tensor of its sizes.
     fn view_indices(&mut self, view: &View) -> ValueId {
         let dims = view.sizes.clone();
@@ -1108,7 +1127,7 @@ impl<'a> Builder<'a> {
             let indices = self.view_indices(view);
             return Ok(self.flat_gather(flat, indices));
         };
-        let base = self.slice(flat, &[view.offset], &[view.offset + span], &[1]);
+        let base = self.flat_window(flat, view.offset, span);
         let sorted_sizes: Vec<i64> = stepping.iter().map(|&d| view.sizes[d]).collect();
         let shaped = self.reshape(base, &sorted_sizes)?;
         // Transpose the stepping dims into their order in the view.
@@ -1158,11 +1177,14 @@ impl<'a> Builder<'a> {
             if view.is_contiguous() {
                 let update = self.reshape(value, &[numel])?;
                 let ty = self.ty(flat).clone();
+                // The offset is an input: writing the next row is the same
+                // program.
+                let start = self.scalar_input(Literal::Int(view.offset), DType::I64);
                 self.push(
-                    Node::UpdateSlice {
+                    Node::DynamicUpdateSlice {
                         operand: flat,
                         update,
-                        start: vec![view.offset],
+                        start,
                     },
                     ty,
                 )

@@ -1,0 +1,125 @@
+"""PyTorch/XLA reference for the step benchmark: trains the MLP or the small
+GPT of benches/bench_step.py for a few steps on the PJRT CPU device and prints
+one JSON line, {"model", "first_step_s", "median_step_s"}.
+
+bench_step.py runs it as a subprocess with a Python that has `torch_xla`:
+
+    python torch_xla_models.py --model {mlp,gpt} --steps N --warmup W
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+# CPU unless the caller asks otherwise; must be set before torch_xla loads.
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch_xla
+import torch_xla.core.xla_model as xm
+
+MLP_BATCH = 128
+LAYERS, D, HEADS, T, GPT_BATCH, VOCAB = 4, 256, 4, 128, 8, 1024
+HEAD_DIM = D // HEADS
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(D)
+        self.qkv = nn.Linear(D, 3 * D)
+        self.proj = nn.Linear(D, D)
+        self.ln2 = nn.LayerNorm(D)
+        self.fc = nn.Linear(D, 4 * D)
+        self.fc_out = nn.Linear(4 * D, D)
+
+    def forward(self, x):
+        B = x.shape[0]
+        q, k, v = self.qkv(self.ln1(x)).split(D, dim=-1)
+        q, k, v = (t.view(B, T, HEADS, HEAD_DIM).transpose(1, 2) for t in (q, k, v))
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(B, T, D))
+        return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok_emb = nn.Embedding(VOCAB, D)
+        self.pos_emb = nn.Embedding(T, D)
+        self.blocks = nn.Sequential(*(Block() for _ in range(LAYERS)))
+        self.ln_f = nn.LayerNorm(D)
+        self.head = nn.Linear(D, VOCAB)
+
+    def forward(self, tokens):
+        positions = torch.arange(T, device=tokens.device)
+        x = self.tok_emb(tokens) + self.pos_emb(positions)
+        return self.head(self.ln_f(self.blocks(x)))
+
+
+def build(model_name):
+    """The model, its optimizer class and arguments, and one fixed batch (on CPU)."""
+    torch.manual_seed(0)
+    if model_name == "mlp":
+        model = nn.Sequential(
+            nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)
+        )
+        inputs, labels = torch.randn(MLP_BATCH, 784), torch.randint(0, 10, (MLP_BATCH,))
+        return model, (torch.optim.SGD, {"lr": 0.01}), inputs, labels
+    inputs = torch.randint(0, VOCAB, (GPT_BATCH, T))
+    labels = torch.randint(0, VOCAB, (GPT_BATCH, T))
+    return GPT(), (torch.optim.AdamW, {"lr": 3e-3, "weight_decay": 0.01}), inputs, labels
+
+
+def xla_device():
+    # torch_xla.device()/sync() are the current API; xm.* serve older releases.
+    return torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
+
+
+def sync():
+    if hasattr(torch_xla, "sync"):
+        torch_xla.sync()
+    else:
+        xm.mark_step()
+
+
+def main():
+    parser = argparse.ArgumentParser(description="PyTorch/XLA reference step times for bench_step.py")
+    parser.add_argument("--model", choices=["mlp", "gpt"], required=True)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    if args.steps < 1 or args.warmup < 0:
+        parser.error("need --steps >= 1 and --warmup >= 0")
+
+    device = xla_device()
+    model, (optimizer_class, optimizer_args), inputs, labels = build(args.model)
+    model.to(device)
+    optimizer = optimizer_class(model.parameters(), **optimizer_args)
+    inputs, labels = inputs.to(device), labels.to(device)
+
+    # Each step ends with the graph cut, executed and finished, so the wall
+    # time covers tracing, compiling when the graph is new, and running it.
+    # AdamW creates its state in step 1, so step 2 compiles a second graph.
+    times = []
+    for _ in range(1 + args.warmup + args.steps):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        sync()
+        xm.wait_device_ops()
+        times.append(time.perf_counter() - start)
+
+    first, median = times[0], statistics.median(times[1 + args.warmup :])
+    print(json.dumps({"model": args.model, "first_step_s": first, "median_step_s": median}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+/* Deferred execution, flushes, locations, recompile controls, metrics and
+ * captured graphs through the C ABI, with bad input for each entry point. */
+#include <stdint.h>
+
+#include "check.h"
+
+enum { INVALID = RTPU_ERROR_CODE_INVALID_ARGUMENT };
+
+static const int64_t kSizes[1] = {4}, kStrides[1] = {1};
+
+static rtpu_tensor_ref vector_of(const rtpu_storage *s) {
+  rtpu_tensor_ref ref;
+  memset(&ref, 0, sizeof ref);
+  ref.storage = s;
+  ref.sizes = kSizes;
+  ref.strides = kStrides;
+  ref.ndim = 1;
+  ref.dtype = RTPU_DTYPE_FLOAT32;
+  return ref;
+}
+
+/* x * x as a new storage (one reference for the caller). */
+static rtpu_storage *square(rtpu_runtime *rt, const rtpu_storage *x) {
+  rtpu_op_arg args[2];
+  memset(args, 0, sizeof args);
+  args[0].tag = args[1].tag = RTPU_ARG_TENSOR;
+  args[0].tensor = args[1].tensor = vector_of(x);
+  rtpu_op_result *result = NULL;
+  CHECK_OK(rtpu_op_call(rt, find_op("aten::mul.Tensor"), args, 2, &result));
+  rtpu_op_output out;
+  memset(&out, 0, sizeof out);
+  out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
+  CHECK_OK(rtpu_op_result_get(result, 0, &out));
+  rtpu_op_result_destroy(result);
+  return out.storage;
+}
+
+static void check_values(const rtpu_storage *s, const float *want) {
+  float back[4];
+  rtpu_tensor_ref ref = vector_of(s);
+  CHECK_OK(rtpu_tensor_copy_to_host(&ref, back, sizeof back));
+  CHECK(memcmp(back, want, sizeof back) == 0);
+}
+
+int main(void) {
+  rtpu_runtime_open_args open_args = {0};
+  open_args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
+  rtpu_runtime *rt = NULL;
+  CHECK_OK(rtpu_runtime_open(&open_args, &rt));
+  rtpu_storage *x = NULL;
+  CHECK_OK(rtpu_storage_new(rt, 0, 4 * sizeof(float), &x));
+  const float data[4] = {1, 2, 3, 4}, squares[4] = {1, 4, 9, 16}, fourth[4] = {1, 16, 81, 256};
+  rtpu_tensor_ref xr = vector_of(x);
+  CHECK_OK(rtpu_tensor_copy_from_host(&xr, data, sizeof data));
+
+  /* Deferred: ops are recorded, run at the flush (or when read). */
+  rtpu_metrics before, after;
+  memset(&before, 0, sizeof before);
+  before.struct_size = RTPU_METRICS_STRUCT_SIZE;
+  after = before;
+  CHECK_OK(rtpu_metrics_get(&before));
+  CHECK(rtpu_engine_mode() == RTPU_MODE_EAGER);
+  CHECK_OK(rtpu_engine_set_mode(RTPU_MODE_DEFERRED));
+  CHECK(rtpu_engine_mode() == RTPU_MODE_DEFERRED);
+  const uint32_t here = rtpu_location_intern("deferred.c:main");
+  CHECK(here != 0 && here == rtpu_location_intern("deferred.c:main"));
+  CHECK(rtpu_location_intern(NULL) == 0);
+  rtpu_location_set_current(here);
+  rtpu_storage *y = square(rt, x);
+  rtpu_storage *z = square(rt, y);
+  CHECK_OK(rtpu_metrics_get(&after));
+  CHECK(after.ops_recorded == before.ops_recorded + 2);
+  CHECK(after.graph_executions == before.graph_executions);
+  CHECK_OK(rtpu_engine_flush("deferred.c: the flush"));
+  CHECK_OK(rtpu_engine_flush(NULL));
+  CHECK_OK(rtpu_engine_synchronize());
+  CHECK_OK(rtpu_metrics_get(&after));
+  CHECK(after.graph_executions == before.graph_executions + 1);
+  check_values(y, squares);
+  check_values(z, fourth);
+  rtpu_storage_release(z);
+  CHECK_OK(rtpu_engine_set_mode(RTPU_MODE_EAGER));
+  rtpu_engine_set_explain_recompiles(false);
+  rtpu_engine_set_recompile_limit(3);
+  rtpu_engine_set_recompile_limit(-1);
+
+  /* A v0-sized metrics struct gets the v0 fields only. */
+  unsigned char small[48 + 8];
+  memset(small, 0xAB, sizeof small);
+  size_t v0_size = 48;
+  memcpy(small, &v0_size, sizeof v0_size);
+  CHECK_OK(rtpu_metrics_get((rtpu_metrics *)(void *)small));
+  CHECK(small[48] == 0xAB && small[55] == 0xAB);
+
+  /* Capture y = x * x once, replay it on another input. */
+  CHECK_OK(rtpu_capture_begin(rt, &xr, 1));
+  rtpu_storage *captured_out = square(rt, x);
+  rtpu_tensor_ref out_ref = vector_of(captured_out);
+  rtpu_graph *graph = NULL;
+  CHECK_OK(rtpu_capture_end(rt, &out_ref, 1, "deferred.c: capture", &graph));
+  CHECK(rtpu_graph_replayable(graph) && rtpu_graph_reason(graph) == NULL);
+  check_values(captured_out, squares);
+  rtpu_tensor_ref yr = vector_of(y);
+  rtpu_op_result *replayed = NULL;
+  CHECK_OK(rtpu_graph_replay(graph, &yr, 1, &replayed));
+  CHECK(rtpu_op_result_count(replayed) == 1);
+  rtpu_op_output out;
+  memset(&out, 0, sizeof out);
+  out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
+  CHECK_OK(rtpu_op_result_get(replayed, 0, &out));
+  check_values(out.storage, fourth);
+  rtpu_storage_release(out.storage);
+  rtpu_op_result_destroy(replayed);
+
+  /* Bad input: clear errors, nothing changes. */
+  CHECK_ERROR(rtpu_engine_set_mode(7), INVALID, "mode 7");
+  CHECK(rtpu_engine_mode() == RTPU_MODE_EAGER);
+  CHECK_ERROR(rtpu_graph_replay(NULL, &yr, 1, &replayed), INVALID, "graph");
+  CHECK_ERROR(rtpu_graph_replay(graph, &yr, 1, NULL), INVALID, "result_out");
+  CHECK_ERROR(rtpu_graph_replay(graph, &yr, 2, &replayed), INVALID, NULL);
+  CHECK_ERROR(rtpu_graph_replay(graph, NULL, 1, &replayed), INVALID, "inputs");
+  CHECK_ERROR(rtpu_capture_end(rt, &out_ref, 1, "no capture", &graph), INVALID, "capture");
+  CHECK_ERROR(rtpu_capture_begin(NULL, &xr, 1), INVALID, "runtime");
+  CHECK_ERROR(rtpu_capture_begin(rt, NULL, 1), INVALID, "inputs");
+  CHECK(!rtpu_graph_replayable(NULL) && rtpu_graph_reason(NULL) == NULL);
+  rtpu_graph_destroy(NULL);
+  check_values(y, squares);
+
+  /* A capture that computes nothing is not replayable, and says why. */
+  rtpu_graph *empty = NULL;
+  CHECK_OK(rtpu_capture_begin(rt, &xr, 1));
+  CHECK_OK(rtpu_capture_end(rt, NULL, 0, "deferred.c: empty", &empty));
+  CHECK(!rtpu_graph_replayable(empty) && strstr(rtpu_graph_reason(empty), "nothing") != NULL);
+  CHECK_ERROR(rtpu_graph_replay(empty, &xr, 1, &replayed), INVALID, "cannot be replayed");
+  rtpu_graph_destroy(empty);
+
+  rtpu_graph_destroy(graph);
+  rtpu_storage_release(captured_out);
+  rtpu_storage_release(y);
+  rtpu_storage_release(x);
+  rtpu_runtime_release(rt);
+  printf("deferred: ok\n");
+  return 0;
+}
