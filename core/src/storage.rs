@@ -37,7 +37,14 @@ pub struct Storage {
 struct StorageState {
     nbytes: usize,
     value: StorageValue,
+    /// The bytes of a small value written from the host, kept while the
+    /// value stands: labels and token ids uploaded each step are read back
+    /// for index checks, and a device read would wait behind running work.
+    host_copy: Option<Arc<Vec<u8>>>,
 }
+
+/// Host writes up to this size keep a host copy.
+const MAX_HOST_COPY_BYTES: usize = 1 << 16;
 
 /// A strided view of a storage, in elements of `dtype`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -167,6 +174,7 @@ impl Storage {
             state: Mutex::new(StorageState {
                 nbytes,
                 value: StorageValue::Zeros,
+                host_copy: None,
             }),
         }))
     }
@@ -249,7 +257,9 @@ impl Storage {
 
     /// Replaces the value without checks (the deferred engine's bookkeeping).
     pub(crate) fn set_recorded(&self, value: StorageValue) {
-        self.state().value = value;
+        let mut state = self.state();
+        state.value = value;
+        state.host_copy = None;
     }
 
     /// Replaces the value with a flat buffer of `dtype` covering all bytes.
@@ -264,6 +274,7 @@ impl Storage {
                 format!("{}{dims:?}", buffer.dtype()?),
             ));
         }
+        state.host_copy = None;
         state.value = StorageValue::Buffer {
             buffer: Arc::new(buffer),
             dtype,
@@ -287,6 +298,9 @@ impl Storage {
     /// All bytes of the storage on the host (zeros if never written).
     pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
         crate::engine::capture::note_host_read();
+        if let Some(copy) = self.state().host_copy.clone() {
+            return Ok(copy.as_ref().clone());
+        }
         let value = self.value()?;
         // Values reach the host only after the device checks of the graphs
         // before them passed.
@@ -325,7 +339,11 @@ impl Storage {
         let buffer =
             self.client
                 .buffer_from_host(bytes, dtype, &[elements as i64], &self.device)?;
-        self.set_value(buffer, dtype)
+        self.set_value(buffer, dtype)?;
+        if bytes.len() <= MAX_HOST_COPY_BYTES {
+            self.state().host_copy = Some(Arc::new(bytes.to_vec()));
+        }
+        Ok(())
     }
 
     /// The dense, row-major bytes of `view`.

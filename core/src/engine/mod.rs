@@ -1238,10 +1238,13 @@ impl<'a> Builder<'a> {
     /// TPUs have no 64-bit floats: a float64 (or complex128) op there is a
     /// clear error, never a silently narrowed result.
     fn check_platform_dtypes(&self) -> Result<()> {
+        if !self.client.platform_name()?.eq_ignore_ascii_case("tpu") {
+            return Ok(());
+        }
         let wide = |t: &TensorType| matches!(t.dtype, DType::F64 | DType::C128);
         let uses_wide =
             self.graph.params.iter().any(wide) || self.graph.nodes.iter().any(|(_, t)| wide(t));
-        if uses_wide && self.client.platform_name()?.eq_ignore_ascii_case("tpu") {
+        if uses_wide {
             return Err(Error::invalid(
                 format!("{}: dtype", self.op),
                 "a dtype the TPU supports (float32, bfloat16, float16, integers, bool)",

@@ -30,6 +30,8 @@ pub(crate) struct ClientInner {
     pub(crate) plugin: &'static Plugin,
     pub(crate) raw: *mut PJRT_Client,
     devices: Vec<*mut PJRT_Device>,
+    /// The platform name, read once: every op asks.
+    platform_name: std::sync::OnceLock<String>,
 }
 
 // SAFETY: PJRT clients are thread-safe; the raw pointers are only handed to
@@ -114,6 +116,7 @@ impl Client {
             plugin,
             raw: args.client,
             devices: Vec::new(),
+            platform_name: std::sync::OnceLock::new(),
         };
 
         let mut dev_args = sys::PJRT_Client_AddressableDevices_Args::new();
@@ -147,12 +150,16 @@ impl Client {
 
     /// The platform name, e.g. `cpu`, `tpu`, `cuda`.
     pub fn platform_name(&self) -> Result<String> {
+        if let Some(name) = self.inner.platform_name.get() {
+            return Ok(name.clone());
+        }
         let mut args = sys::PJRT_Client_PlatformName_Args::new();
         args.client = self.inner.raw;
         // SAFETY: live client.
         unsafe { pjrt_call!(self.inner.plugin, PJRT_Client_PlatformName, &mut args) }?;
         // SAFETY: PJRT returns a string owned by the client.
-        Ok(unsafe { owned_string(args.platform_name, args.platform_name_size) })
+        let name = unsafe { owned_string(args.platform_name, args.platform_name_size) };
+        Ok(self.inner.platform_name.get_or_init(|| name).clone())
     }
 
     pub fn platform_version(&self) -> Result<String> {
