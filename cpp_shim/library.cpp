@@ -31,7 +31,7 @@ std::vector<int64_t> op_engine_metrics() {
       m.cache_hits,       m.disk_cache_hits,     m.graph_executions,
       m.recompiles,       m.record_ns,           m.compile_ns,
       m.execute_ns,       m.wait_ns,             m.host_to_device_bytes,
-      m.device_to_host_bytes, m.live_buffers,
+      m.device_to_host_bytes, m.live_buffers, m.buffers_donated,
   };
   return std::vector<int64_t>(std::begin(fields), std::end(fields));
 }

@@ -89,7 +89,7 @@
  * `sizeof(rtpu_metrics)`. Callers built against the first ABI v0 header
  * pass 48 and get the fields up to `device_to_host_bytes`.
  */
-#define RTPU_METRICS_STRUCT_SIZE 120
+#define RTPU_METRICS_STRUCT_SIZE 128
 
 /**
  * Execution modes of `rtpu_engine_set_mode` (`uint32_t`).
@@ -394,6 +394,10 @@ typedef struct rtpu_metrics {
    * PJRT buffers alive now.
    */
   uint64_t live_buffers;
+  /**
+   * Input buffers donated to deferred graphs.
+   */
+  uint64_t buffers_donated;
 } rtpu_metrics;
 
 /**

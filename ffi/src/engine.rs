@@ -42,11 +42,13 @@ pub struct rtpu_metrics {
     pub wait_ns: u64,
     /// PJRT buffers alive now.
     pub live_buffers: u64,
+    /// Input buffers donated to deferred graphs.
+    pub buffers_donated: u64,
 }
 
 /// `sizeof(rtpu_metrics)`. Callers built against the first ABI v0 header
 /// pass 48 and get the fields up to `device_to_host_bytes`.
-pub const RTPU_METRICS_STRUCT_SIZE: usize = 120;
+pub const RTPU_METRICS_STRUCT_SIZE: usize = 128;
 
 /// Fills `*metrics_out` up to its `struct_size` (which the caller sets, at
 /// least 48). Thread-safe.
@@ -74,6 +76,7 @@ pub extern "C" fn rtpu_metrics_get(metrics_out: *mut rtpu_metrics) -> *mut rtpu_
             execute_ns: m.execute_ns,
             wait_ns: m.wait_ns,
             live_buffers: m.live_buffers,
+            buffers_donated: m.buffers_donated,
         };
         let len = given.min(std::mem::size_of::<rtpu_metrics>());
         // SAFETY: the caller's struct has `given` bytes (at least the 48

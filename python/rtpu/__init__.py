@@ -87,6 +87,7 @@ _ENGINE_METRICS = (
     "host_to_device_bytes",
     "device_to_host_bytes",
     "live_buffers",
+    "buffers_donated",
 )
 
 
@@ -95,7 +96,8 @@ def metrics() -> dict:
     recorded into deferred graphs, executables compiled, cache hits (memory
     and disk), graph executions, recompiles, time (ns) spent recording,
     compiling, launching and waiting, host<->device bytes, live device
-    buffers, and the ops that ran on the CPU fallback with their counts."""
+    buffers, buffers donated to graphs, and the ops that ran on the CPU
+    fallback with their counts."""
     ops, counts = torch.ops.rtpu.fallback_counts()
     result = dict(zip(_ENGINE_METRICS, torch.ops.rtpu.engine_metrics()))
     result["cpu_fallbacks"] = dict(zip(ops, counts))
@@ -122,6 +124,7 @@ def metrics_report() -> str:
         f"  host->device           {m['host_to_device_bytes']} bytes",
         f"  device->host           {m['device_to_host_bytes']} bytes",
         f"  live device buffers    {m['live_buffers']}",
+        f"  buffers donated        {m['buffers_donated']}",
     ]
     fallbacks = m["cpu_fallbacks"]
     lines.append(f"  CPU fallbacks          {sum(fallbacks.values())}")

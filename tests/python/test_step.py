@@ -224,6 +224,7 @@ def test_1000_steps_leave_device_memory_flat():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(4, 8).to(DEVICE), torch.randn(4, 1).to(DEVICE)
     samples = {}
+    donated_before = rtpu.metrics()["buffers_donated"]
     for i in range(1000):
         with rtpu.step():
             optimizer.zero_grad()
@@ -234,6 +235,9 @@ def test_1000_steps_leave_device_memory_flat():
             torch.tpu.synchronize()
             samples[i] = (torch.tpu.memory_allocated(), rtpu.metrics()["live_buffers"])
     assert samples[999] == samples[20], samples
+    # The step overwrites weights and momentum buffers: their old buffers
+    # are donated rather than kept alongside the new ones.
+    assert rtpu.metrics()["buffers_donated"] - donated_before >= 990 * 8
 
 
 SECOND_PROCESS_SCRIPT = textwrap.dedent(

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
 use super::{cache, host_input, Builder, Output, ParamSource, PendingOutput};
-use super::{EXECUTE_NS, EXECUTIONS, OPS_RECORDED};
+use super::{DONATED, EXECUTE_NS, EXECUTIONS, OPS_RECORDED};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ir::{Graph, Node, TensorType, ValueId};
@@ -852,6 +852,7 @@ fn execute(
     EXECUTE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     EXECUTIONS.fetch_add(1, Ordering::Relaxed);
     let buffers = results?.into_iter().next().unwrap_or_default();
+    DONATED.fetch_add(graph.donors.len() as u64, Ordering::Relaxed);
     if buffers.len() != graph.outputs.len() {
         return Err(Error::invalid(
             "outputs of a deferred graph",

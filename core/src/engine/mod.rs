@@ -109,6 +109,9 @@ pub struct Metrics {
     pub device_to_host_bytes: u64,
     /// PJRT buffers alive now.
     pub live_buffers: u64,
+    /// Input buffers donated to deferred graphs (their memory reused for
+    /// outputs).
+    pub buffers_donated: u64,
 }
 
 static OPS_RUN: AtomicU64 = AtomicU64::new(0);
@@ -122,6 +125,7 @@ static RECORD_NS: AtomicU64 = AtomicU64::new(0);
 static COMPILE_NS: AtomicU64 = AtomicU64::new(0);
 static EXECUTE_NS: AtomicU64 = AtomicU64::new(0);
 static WAIT_NS: AtomicU64 = AtomicU64::new(0);
+static DONATED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static H2D_BYTES: AtomicU64 = AtomicU64::new(0);
 pub(crate) static D2H_BYTES: AtomicU64 = AtomicU64::new(0);
 
@@ -146,6 +150,7 @@ pub fn metrics() -> Metrics {
         host_to_device_bytes: load(&H2D_BYTES),
         device_to_host_bytes: load(&D2H_BYTES),
         live_buffers: crate::runtime::live_buffers(),
+        buffers_donated: load(&DONATED),
     }
 }
 
