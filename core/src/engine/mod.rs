@@ -1322,7 +1322,14 @@ impl<'a> Builder<'a> {
             });
         }
         let mut results = exe
-            .execute(&[&args], &ExecuteOptions::default())?
+            .execute(
+                &[&args],
+                // Later reads wait for the values; the host goes on meanwhile.
+                &ExecuteOptions {
+                    donate: Vec::new(),
+                    asynchronous: true,
+                },
+            )?
             .into_iter()
             .next()
             .unwrap_or_default()
