@@ -157,3 +157,25 @@ def test_a_dynamic_sequence_length_compiles_one_graph_per_length_and_explains_ne
     # explaining each new one (the embedding reads the 2 x length tokens).
     explanation = capfd.readouterr().err
     assert re.search(r"recompiling the graph flushed at torch.compile .* changed from int64\[16\] to int64\[24\]", explanation), explanation
+
+
+def test_compiled_graphs_called_inside_a_step_join_its_one_program():
+    torch.manual_seed(0)
+    model = mlp().to(DEVICE)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step = torch.compile(train_step, backend="tpu")
+    batches = mlp_batches(3)
+    cpu_losses, _ = train("cpu", mlp, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), batches, 6, 0, False)
+    losses = []
+    for i in range(6):
+        x, y = batches[i % len(batches)]
+        if i == 3:
+            before = rtpu.metrics()
+        with rtpu.step():
+            losses.append(step(model, optimizer, x.to(DEVICE), y.to(DEVICE)).detach())
+    after = rtpu.metrics()
+    torch.testing.assert_close(torch.tensor([loss.item() for loss in losses]), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-6)
+    # Forward, backward and optimizer graphs were recorded into the step,
+    # which ran as one program, compiled once.
+    assert after["graph_executions"] - before["graph_executions"] == 3
+    assert after["executables_compiled"] == before["executables_compiled"]

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-use super::deferred::{self, RanGraph, RecordedOp, Source};
+use super::deferred::{self, CapturedOutput, CapturedParam, RanGraph, RecordedOp, Source};
 use super::{host_input, Output, TensorArg, EXECUTE_NS, EXECUTIONS};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
@@ -53,6 +53,8 @@ struct InputView {
 pub struct CapturedGraph {
     client: Client,
     device_index: usize,
+    /// The program's graph, for replays inside a step (recorded into it).
+    graph: crate::ir::Graph,
     exe: Arc<LoadedExecutable>,
     params: Vec<Binding>,
     written: Vec<Written>,
@@ -250,6 +252,7 @@ fn bind(
     Ok(CapturedGraph {
         client: client.clone(),
         device_index: state.device_index,
+        graph: ran.graph,
         exe: ran.exe,
         params,
         written,
@@ -263,6 +266,88 @@ fn bind(
 }
 
 impl CapturedGraph {
+    /// A replay in deferred mode: the graph joins the pending one (so a
+    /// compiled forward, backward and optimizer step inside `rtpu.step()`
+    /// run as one program).
+    fn record(&self, inputs: &[TensorArg]) -> Result<Vec<Output>> {
+        let params = self
+            .params
+            .iter()
+            .map(|binding| match binding {
+                Binding::Input(i) => CapturedParam::Storage {
+                    storage: inputs[*i].storage.clone(),
+                    view: inputs[*i].view.clone(),
+                },
+                Binding::Fixed(buffer) => CapturedParam::Buffer(buffer.clone()),
+                Binding::Host { bytes, dtype, dims } => CapturedParam::Host {
+                    bytes: bytes.clone(),
+                    dtype: *dtype,
+                    dims: dims.clone(),
+                },
+            })
+            .collect();
+        let mut bound: Vec<CapturedOutput> = self
+            .written
+            .iter()
+            .map(|written| match written {
+                Written::Input(i) => CapturedOutput::Into(inputs[*i].storage.clone()),
+                Written::Outputs(_) => CapturedOutput::New,
+                Written::Dropped => CapturedOutput::Dropped,
+            })
+            .collect();
+        bound.extend(
+            self.checks
+                .iter()
+                .map(|(error, _)| CapturedOutput::Check(error.clone())),
+        );
+        let created = deferred::record_captured(
+            &self.client,
+            self.device_index,
+            &self.graph,
+            params,
+            bound,
+            "rtpu::captured_graph",
+        )?;
+        let mut created = created.into_iter();
+        let mut outputs: Vec<Option<Output>> = (0..self.num_outputs).map(|_| None).collect();
+        for written in &self.written {
+            if let Written::Outputs(views) = written {
+                let storage = created.next().ok_or_else(|| {
+                    Error::invalid(
+                        "recorded captured graph outputs",
+                        "one per new value",
+                        "fewer",
+                    )
+                })?;
+                for (k, view) in views {
+                    outputs[*k] = Some(Output::New {
+                        storage: storage.clone(),
+                        view: view.clone(),
+                    });
+                }
+            }
+        }
+        self.alias_inputs(inputs, &mut outputs);
+        outputs
+            .into_iter()
+            .map(|o| {
+                o.ok_or_else(|| {
+                    Error::invalid("captured graph outputs", "all bound", "one unbound")
+                })
+            })
+            .collect()
+    }
+
+    /// Outputs that are (views of) inputs share the inputs' storages.
+    fn alias_inputs(&self, inputs: &[TensorArg], outputs: &mut [Option<Output>]) {
+        for alias in &self.input_views {
+            outputs[alias.output] = Some(Output::New {
+                storage: inputs[alias.input].storage.clone(),
+                view: alias.view.clone(),
+            });
+        }
+    }
+
     /// Runs the graph on `inputs` (the same shapes, dtypes and layouts as at
     /// capture): returns its outputs and writes the inputs it mutates.
     pub fn replay(&self, inputs: &[TensorArg]) -> Result<Vec<Output>> {
@@ -273,9 +358,6 @@ impl CapturedGraph {
                 inputs.len(),
             ));
         }
-        // An earlier graph's failed check means these inputs may be wrong.
-        deferred::verify_checks()?;
-        let mut input_buffers = Vec::with_capacity(inputs.len());
         for (i, input) in inputs.iter().enumerate() {
             if input.storage.device_index() != self.device_index {
                 return Err(Error::invalid(
@@ -284,6 +366,14 @@ impl CapturedGraph {
                     format!("one on tpu:{}", input.storage.device_index()),
                 ));
             }
+        }
+        if deferred::is_deferred() && !is_capturing() {
+            return self.record(inputs);
+        }
+        // An earlier graph's failed check means these inputs may be wrong.
+        deferred::verify_checks()?;
+        let mut input_buffers = Vec::with_capacity(inputs.len());
+        for input in inputs {
             input_buffers.push(match input.storage.value()? {
                 StorageValue::Buffer { buffer, .. } => Some(buffer),
                 _ => None,
@@ -362,12 +452,7 @@ impl CapturedGraph {
                 Written::Dropped => {}
             }
         }
-        for alias in &self.input_views {
-            outputs[alias.output] = Some(Output::New {
-                storage: inputs[alias.input].storage.clone(),
-                view: alias.view.clone(),
-            });
-        }
+        self.alias_inputs(inputs, &mut outputs);
         deferred::watch_checks(
             self.site,
             &self.ops,

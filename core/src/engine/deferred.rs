@@ -150,8 +150,9 @@ struct PendingGraph {
     /// The node count after each recorded op: op `i` made nodes
     /// `op_ends[i - 1]..op_ends[i]`.
     op_ends: Vec<usize>,
-    /// Device-side input checks: a bool flag, its error, the op's index.
-    checks: Vec<(ValueId, Error, usize)>,
+    /// Device-side input checks: a bool flag, its error (code, message),
+    /// the op's index.
+    checks: Vec<(ValueId, (ErrorCode, String), usize)>,
 }
 
 fn pending() -> MutexGuard<'static, Vec<PendingGraph>> {
@@ -386,7 +387,8 @@ pub(super) fn record(builder: Builder<'_>, device_index: usize) -> Result<Vec<Ou
         });
     }
     for (flag, error) in checks {
-        pg.checks.push((remap[flag], error, pg.ops.len()));
+        pg.checks
+            .push((remap[flag], (error.code(), error.to_string()), pg.ops.len()));
     }
     pg.ops.push(RecordedOp {
         name: op,
@@ -422,6 +424,145 @@ pub(super) fn run_for_capture(
     };
     let pg = all.swap_remove(index);
     run_graph(pg, site, true)
+}
+
+/// What feeds a parameter of a captured graph recorded into a pending one.
+pub(super) enum CapturedParam {
+    /// The value of a storage (pending or not), read through `view`.
+    Storage {
+        storage: Arc<Storage>,
+        view: View,
+    },
+    Buffer(Arc<Buffer>),
+    Host {
+        bytes: Vec<u8>,
+        dtype: DType,
+        dims: Vec<i64>,
+    },
+}
+
+/// Where an output of a captured graph recorded into a pending one goes.
+pub(super) enum CapturedOutput {
+    /// The new value of this storage.
+    Into(Arc<Storage>),
+    /// A new storage (returned to the caller).
+    New,
+    /// A device-side check flag and its error.
+    Check((ErrorCode, String)),
+    /// Nothing keeps it.
+    Dropped,
+}
+
+/// Records a captured graph (`graph`, its parameters and outputs bound as
+/// given) into the device's pending graph, as one op named `name`, so
+/// compiled graphs called inside a step fuse with the rest of the step.
+/// Returns the new storage of each `CapturedOutput::New`, in order.
+pub(super) fn record_captured(
+    client: &Client,
+    device_index: usize,
+    graph: &Graph,
+    params: Vec<CapturedParam>,
+    outputs: Vec<CapturedOutput>,
+    name: &'static str,
+) -> Result<Vec<Arc<Storage>>> {
+    let mut all = pending();
+    let index = match all
+        .iter()
+        .position(|g| g.client.id() == client.id() && g.device_index == device_index)
+    {
+        Some(i) => i,
+        None => {
+            all.push(PendingGraph::new(client, device_index));
+            all.len() - 1
+        }
+    };
+    let pg = &mut all[index];
+    let (nodes_before, params_before) = (pg.graph.nodes.len(), pg.graph.params.len());
+    let mut params: Vec<Option<CapturedParam>> = params.into_iter().map(Some).collect();
+    let mut remap: Vec<ValueId> = Vec::with_capacity(graph.nodes.len());
+    let mut first_reads = Vec::new();
+    let mut failure = None;
+    for (node, ty) in &graph.nodes {
+        let id = match node {
+            Node::Param(i) => match params.get_mut(*i).and_then(Option::take) {
+                Some(CapturedParam::Storage { storage, view }) => {
+                    match pg.read_storage(&storage, &view, ty, &mut first_reads) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            failure = Some(e);
+                            break;
+                        }
+                    }
+                }
+                Some(CapturedParam::Buffer(buffer)) => {
+                    let read_as = format!("{}{:?}", ty.dtype, ty.dims);
+                    pg.add_param(ty.clone(), Source::Buffer(buffer), read_as).1
+                }
+                Some(CapturedParam::Host { bytes, dtype, dims }) => {
+                    let read_as = format!("a host {}{:?}", ty.dtype, ty.dims);
+                    pg.add_param(ty.clone(), Source::Host { bytes, dtype, dims }, read_as)
+                        .1
+                }
+                None => {
+                    failure = Some(Error::invalid(
+                        format!("{name}: parameter {i}"),
+                        "one binding per parameter",
+                        "a missing one",
+                    ));
+                    break;
+                }
+            },
+            other => {
+                let mut node = other.clone();
+                node.for_each_operand_mut(|v| *v = remap[*v]);
+                pg.push(node, ty.clone())
+            }
+        };
+        remap.push(id);
+    }
+    if failure.is_none() && outputs.len() != graph.outputs.len() {
+        failure = Some(Error::invalid(
+            format!("{name}: outputs"),
+            graph.outputs.len(),
+            outputs.len(),
+        ));
+    }
+    if let Some(error) = failure {
+        pg.graph.nodes.truncate(nodes_before);
+        pg.graph.params.truncate(params_before);
+        pg.sources.truncate(params_before);
+        pg.param_op.truncate(params_before);
+        return Err(error);
+    }
+    for (storage, param, value) in first_reads {
+        let slot = pg.slot_for(&storage, value);
+        slot.value = value;
+        slot.param = Some(param);
+    }
+    let op = pg.ops.len();
+    let mut created = Vec::new();
+    for (output, &value) in outputs.into_iter().zip(&graph.outputs) {
+        let value = remap[value];
+        match output {
+            CapturedOutput::Into(storage) => pg.write_storage(&storage, value),
+            CapturedOutput::New => {
+                let ty = pg.graph.ty(value).clone();
+                let nbytes = ty.numel() as usize * ty.dtype.size_in_bytes();
+                let storage = Storage::pending(client, device_index, nbytes, ty.dtype)?;
+                pg.write_storage(&storage, value);
+                created.push(storage);
+            }
+            CapturedOutput::Check(error) => pg.checks.push((value, error, op)),
+            CapturedOutput::Dropped => {}
+        }
+    }
+    pg.ops.push(RecordedOp {
+        name,
+        location: current_location(),
+    });
+    pg.op_ends.push(pg.graph.nodes.len());
+    OPS_RECORDED.fetch_add(1, Ordering::Relaxed);
+    Ok(created)
 }
 
 /// Runs the pending graph of one device, if it has one.
@@ -670,6 +811,9 @@ fn find_culprit(
 
 /// A graph that ran for a capture (`capture::end`): what replaying it needs.
 pub(super) struct RanGraph {
+    /// The program's graph: parameters, then written values and check
+    /// flags as outputs.
+    pub graph: Graph,
     pub exe: Arc<LoadedExecutable>,
     /// What feeds each parameter of the program.
     pub sources: Vec<Source>,
@@ -758,12 +902,13 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
             }
             let checks: Vec<((ErrorCode, String), usize)> = checks
                 .into_iter()
-                .map(|(_, error, op)| ((error.code(), error.to_string()), op))
+                .map(|(_, error, op)| (error, op))
                 .collect();
             let written: Vec<Arc<Storage>> = written.into_iter().map(|(s, _)| s).collect();
             watch_checks(site, &ops, flags, &checks, &written, &latest);
             *latest_outputs() = latest;
             Ok(capture.then(|| RanGraph {
+                graph: pruned,
                 exe,
                 sources: kept.iter().map(|&p| sources[p].clone()).collect(),
                 written,
