@@ -41,9 +41,10 @@ def _initialize() -> None:
             for_tensor=True, for_module=True, for_storage=True
         )
     _print_through_host()
-    # A recorded op is attributed to the innermost frame outside these.
+    # A recorded op is attributed to the innermost frame outside these
+    # (FX's generated code included: its caller is the user's line).
     torch.ops.rtpu.set_internal_paths(
-        [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep]
+        [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep, "<eval_with_key>"]
     )
 
 
