@@ -95,8 +95,11 @@ def _compare(got, want, dtype_name) -> str | None:
     return None
 
 
-def run_op(op, dtype_name: str) -> tuple[str, str]:
-    """(status, detail) of one OpInfo at one dtype."""
+def run_op(op, dtype_name: str, step_mode: bool = False) -> tuple[str, str]:
+    """(status, detail) of one OpInfo at one dtype; with `step_mode`, each
+    tpu call is recorded in an `rtpu.step()` and run when it ends."""
+    import contextlib
+
     import torch
 
     import rtpu
@@ -119,7 +122,8 @@ def run_op(op, dtype_name: str) -> tuple[str, str]:
             continue  # CPU itself rejects this sample
         checked += 1
         try:
-            got = op(*_to_device(_clone(args), "tpu"), **_to_device(_clone(sample.kwargs), "tpu"))
+            with rtpu.step() if step_mode else contextlib.nullcontext():
+                got = op(*_to_device(_clone(args), "tpu"), **_to_device(_clone(sample.kwargs), "tpu"))
         except Exception as e:
             return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         if random or not values_defined:

@@ -123,7 +123,10 @@ def test_loss_curve_matches_cpu_without_fallback(name):
     cpu_losses, cpu_model = train("cpu", make_model, make_optimizer, batches, seed)
     torch.testing.assert_close(tpu_losses[0], cpu_losses[0], rtol=2e-3, atol=1e-5)
     torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=curve_rtol, atol=curve_atol)
-    assert tpu_losses[-1] < tpu_losses[0], f"the loss goes down: {tpu_losses}"
+    # The last pass over the batches has a lower mean loss than the first
+    # (single losses of different batches need not be ordered).
+    cycle = len(batches)
+    assert sum(tpu_losses[-cycle:]) < sum(tpu_losses[:cycle]), f"the loss goes down: {tpu_losses}"
     # Eval mode (running BatchNorm statistics) agrees too, as closely as the
     # trained weights do.
     tpu_model.eval()

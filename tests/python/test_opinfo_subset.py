@@ -1,5 +1,6 @@
 """A fixed, fast subset of the OpInfo sweep (tests/python/opinfo_sweep.py):
-these ops must match CPU natively on tpu. The full sweep writes docs/ops.md.
+these ops must match CPU natively on tpu, run eagerly and recorded in a step.
+The full sweep writes docs/ops.md.
 
 Left out: sort (CPU's unstable sort orders ties differently) and remainder
 (bfloat16 edge cases where CPU's a - b * floor(a / b) overflows)."""
@@ -39,6 +40,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("key,dtype_name", CASES)
-def test_opinfo_sample_inputs_match_cpu_natively(key, dtype_name):
-    status, detail = run_op(OPS[key], dtype_name)
-    assert status == "pass", f"{key} {dtype_name}: {status} {detail}"
+@pytest.mark.parametrize("mode", ["eager", "step"])
+def test_opinfo_sample_inputs_match_cpu_natively(key, dtype_name, mode):
+    status, detail = run_op(OPS[key], dtype_name, step_mode=mode == "step")
+    assert status == "pass", f"{key} {dtype_name} ({mode}): {status} {detail}"

@@ -51,7 +51,8 @@ def test_mlp_loss_curve_matches_cpu(name):
     tpu_losses, tpu_model = train(DEVICE, OPTIMIZERS[name], seed)
     cpu_losses, cpu_model = train("cpu", OPTIMIZERS[name], seed)
     torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-6)
-    assert tpu_losses[-1] < tpu_losses[0], "the loss goes down"
+    # The last pass over the four batches has a lower mean loss than the first.
+    assert sum(tpu_losses[-4:]) < sum(tpu_losses[:4]), f"the loss goes down: {tpu_losses}"
     for (n, p), (_, q) in zip(tpu_model.named_parameters(), cpu_model.named_parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-3, atol=1e-5, msg=n)
 
