@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-use super::deferred::{self, CapturedOutput, CapturedParam, RanGraph, RecordedOp, Source};
+use super::deferred::{self, CapturedOutput, RanGraph, RecordedOp, Source, SplicedParam};
 use super::{host_input, Output, TensorArg, EXECUTE_NS, EXECUTIONS};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
@@ -274,12 +274,12 @@ impl CapturedGraph {
             .params
             .iter()
             .map(|binding| match binding {
-                Binding::Input(i) => CapturedParam::Storage {
+                Binding::Input(i) => SplicedParam::Storage {
                     storage: inputs[*i].storage.clone(),
                     view: inputs[*i].view.clone(),
                 },
-                Binding::Fixed(buffer) => CapturedParam::Buffer(buffer.clone()),
-                Binding::Host { bytes, dtype, dims } => CapturedParam::Host {
+                Binding::Fixed(buffer) => SplicedParam::Buffer(buffer.clone()),
+                Binding::Host { bytes, dtype, dims } => SplicedParam::Host {
                     bytes: bytes.clone(),
                     dtype: *dtype,
                     dims: dims.clone(),
@@ -319,23 +319,11 @@ impl CapturedGraph {
                         "fewer",
                     )
                 })?;
-                for (k, view) in views {
-                    outputs[*k] = Some(Output::New {
-                        storage: storage.clone(),
-                        view: view.clone(),
-                    });
-                }
+                place(&storage, views, &mut outputs);
             }
         }
         self.alias_inputs(inputs, &mut outputs);
-        outputs
-            .into_iter()
-            .map(|o| {
-                o.ok_or_else(|| {
-                    Error::invalid("captured graph outputs", "all bound", "one unbound")
-                })
-            })
-            .collect()
+        complete(outputs)
     }
 
     /// Outputs that are (views of) inputs share the inputs' storages.
@@ -441,12 +429,7 @@ impl CapturedGraph {
                     if let StorageValue::Buffer { buffer, .. } = storage.recorded_value() {
                         latest.push(Arc::downgrade(&buffer));
                     }
-                    for (k, view) in views {
-                        outputs[*k] = Some(Output::New {
-                            storage: storage.clone(),
-                            view: view.clone(),
-                        });
-                    }
+                    place(&storage, views, &mut outputs);
                     written_storages.push(storage);
                 }
                 Written::Dropped => {}
@@ -461,13 +444,26 @@ impl CapturedGraph {
             &written_storages,
             &latest,
         );
-        outputs
-            .into_iter()
-            .map(|o| {
-                o.ok_or_else(|| {
-                    Error::invalid("captured graph outputs", "all bound", "one unbound")
-                })
-            })
-            .collect()
+        complete(outputs)
     }
+}
+
+/// Returns `storage` as the outputs at these (index, view) positions.
+fn place(storage: &Arc<Storage>, views: &[(usize, View)], outputs: &mut [Option<Output>]) {
+    for (k, view) in views {
+        outputs[*k] = Some(Output::New {
+            storage: storage.clone(),
+            view: view.clone(),
+        });
+    }
+}
+
+/// The outputs, every position filled.
+fn complete(outputs: Vec<Option<Output>>) -> Result<Vec<Output>> {
+    outputs
+        .into_iter()
+        .map(|o| {
+            o.ok_or_else(|| Error::invalid("captured graph outputs", "all bound", "one unbound"))
+        })
+        .collect()
 }

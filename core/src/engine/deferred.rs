@@ -281,6 +281,121 @@ impl PendingGraph {
     }
 }
 
+/// What feeds a parameter of a graph spliced into a pending one.
+pub(super) enum SplicedParam {
+    /// The value of a storage (pending or not), read through `view`.
+    Storage {
+        storage: Arc<Storage>,
+        view: View,
+    },
+    Buffer(Arc<Buffer>),
+    Host {
+        bytes: Vec<u8>,
+        dtype: DType,
+        dims: Vec<i64>,
+    },
+}
+
+/// The index in `all` of the device's pending graph, made if there is none.
+fn graph_for(all: &mut Vec<PendingGraph>, client: &Client, device_index: usize) -> usize {
+    find_graph(all, client, device_index).unwrap_or_else(|| {
+        all.push(PendingGraph::new(client, device_index));
+        all.len() - 1
+    })
+}
+
+fn find_graph(all: &[PendingGraph], client: &Client, device_index: usize) -> Option<usize> {
+    all.iter()
+        .position(|g| g.client.id() == client.id() && g.device_index == device_index)
+}
+
+impl PendingGraph {
+    /// Copies `nodes` in, each parameter resolved through `params` to the
+    /// value it stands for here, and returns every node's new id. On error
+    /// nothing of them stays.
+    fn splice(
+        &mut self,
+        nodes: impl IntoIterator<Item = (Node, TensorType)>,
+        params: Vec<SplicedParam>,
+        what: &str,
+    ) -> Result<Vec<ValueId>> {
+        let (nodes_before, params_before) = (self.graph.nodes.len(), self.graph.params.len());
+        let mut params: Vec<Option<SplicedParam>> = params.into_iter().map(Some).collect();
+        let mut remap: Vec<ValueId> = Vec::new();
+        let mut first_reads = Vec::new();
+        let mut failure = None;
+        for (mut node, ty) in nodes {
+            let id = match node {
+                Node::Param(i) => match params.get_mut(i).and_then(Option::take) {
+                    Some(SplicedParam::Storage { storage, view }) => {
+                        match self.read_storage(&storage, &view, &ty, &mut first_reads) {
+                            Ok(v) => v,
+                            Err(e) => {
+                                failure = Some(e);
+                                break;
+                            }
+                        }
+                    }
+                    Some(SplicedParam::Buffer(buffer)) => {
+                        let read_as = format!("{}{:?}", ty.dtype, ty.dims);
+                        self.add_param(ty, Source::Buffer(buffer), read_as).1
+                    }
+                    Some(SplicedParam::Host { bytes, dtype, dims }) => {
+                        let read_as = format!("a host {}{:?}", ty.dtype, ty.dims);
+                        self.add_param(ty, Source::Host { bytes, dtype, dims }, read_as)
+                            .1
+                    }
+                    None => {
+                        failure = Some(Error::invalid(
+                            format!("{what}: parameter {i}"),
+                            "one binding per parameter",
+                            "a repeated or missing one",
+                        ));
+                        break;
+                    }
+                },
+                _ => {
+                    node.for_each_operand_mut(|v| *v = remap[*v]);
+                    self.push(node, ty)
+                }
+            };
+            remap.push(id);
+        }
+        if let Some(error) = failure {
+            self.graph.nodes.truncate(nodes_before);
+            self.graph.params.truncate(params_before);
+            self.sources.truncate(params_before);
+            self.param_op.truncate(params_before);
+            return Err(error);
+        }
+        for (storage, param, value) in first_reads {
+            let slot = self.slot_for(&storage, value);
+            slot.value = value;
+            slot.param = Some(param);
+        }
+        Ok(remap)
+    }
+
+    /// A new storage whose value is `value`.
+    fn new_storage(&mut self, value: ValueId) -> Result<Arc<Storage>> {
+        let ty = self.graph.ty(value).clone();
+        let nbytes = ty.numel() as usize * ty.dtype.size_in_bytes();
+        let storage = Storage::pending(&self.client, self.device_index, nbytes, ty.dtype)?;
+        self.write_storage(&storage, value);
+        Ok(storage)
+    }
+
+    /// Ends the op being recorded.
+    fn finish_op(&mut self, name: &'static str) {
+        self.ops.push(RecordedOp {
+            name,
+            location: current_location(),
+        });
+        self.op_ends.push(self.graph.nodes.len());
+        OPS_RECORDED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Records a built op into its device's pending graph and returns its
 /// outputs, whose new storages are pending.
 pub(super) fn record(builder: Builder<'_>, device_index: usize) -> Result<Vec<Output>> {
@@ -294,77 +409,18 @@ pub(super) fn record(builder: Builder<'_>, device_index: usize) -> Result<Vec<Ou
         checks,
         ..
     } = builder;
+    let params = sources
+        .into_iter()
+        .map(|source| match source {
+            ParamSource::Recorded { storage, view } => SplicedParam::Storage { storage, view },
+            ParamSource::Storage(buffer) => SplicedParam::Buffer(buffer),
+            ParamSource::Host { bytes, dtype, dims } => SplicedParam::Host { bytes, dtype, dims },
+        })
+        .collect();
     let mut all = pending();
-    let index = match all
-        .iter()
-        .position(|g| g.client.id() == client.id() && g.device_index == device_index)
-    {
-        Some(i) => i,
-        None => {
-            all.push(PendingGraph::new(client, device_index));
-            all.len() - 1
-        }
-    };
+    let index = graph_for(&mut all, client, device_index);
     let pg = &mut all[index];
-    let (nodes_before, params_before) = (pg.graph.nodes.len(), pg.graph.params.len());
-
-    // Copy the op's nodes in, with its parameters resolved to the values
-    // they stand for in the pending graph.
-    let mut remap: Vec<ValueId> = Vec::with_capacity(graph.nodes.len());
-    let mut first_reads = Vec::new();
-    let mut sources: Vec<Option<ParamSource>> = sources.into_iter().map(Some).collect();
-    let mut failure = None;
-    for (mut node, ty) in graph.nodes {
-        let id = match node {
-            Node::Param(i) => match sources.get_mut(i).and_then(Option::take) {
-                Some(ParamSource::Recorded { storage, view }) => {
-                    match pg.read_storage(&storage, &view, &ty, &mut first_reads) {
-                        Ok(v) => v,
-                        Err(e) => {
-                            failure = Some(e);
-                            break;
-                        }
-                    }
-                }
-                Some(ParamSource::Storage(buffer)) => {
-                    let read_as = format!("{}{:?}", ty.dtype, ty.dims);
-                    pg.add_param(ty, Source::Buffer(buffer), read_as).1
-                }
-                Some(ParamSource::Host { bytes, dtype, dims }) => {
-                    let read_as = format!("a host {}{:?}", ty.dtype, ty.dims);
-                    pg.add_param(ty, Source::Host { bytes, dtype, dims }, read_as)
-                        .1
-                }
-                None => {
-                    failure = Some(Error::invalid(
-                        format!("{op}: parameter {i}"),
-                        "one Param node per parameter",
-                        "a repeated or missing one",
-                    ));
-                    break;
-                }
-            },
-            _ => {
-                node.for_each_operand_mut(|v| *v = remap[*v]);
-                pg.push(node, ty)
-            }
-        };
-        remap.push(id);
-    }
-    if let Some(error) = failure {
-        // Nothing of the op stays: the graph is as it was before it.
-        pg.graph.nodes.truncate(nodes_before);
-        pg.graph.params.truncate(params_before);
-        pg.sources.truncate(params_before);
-        pg.param_op.truncate(params_before);
-        return Err(error);
-    }
-
-    for (storage, param, value) in first_reads {
-        let slot = pg.slot_for(&storage, value);
-        slot.value = value;
-        slot.param = Some(param);
-    }
+    let remap = pg.splice(graph.nodes, params, op)?;
     for slot in slots.iter().filter(|s| s.written) {
         pg.write_storage(&slot.storage, remap[slot.flat]);
     }
@@ -374,11 +430,8 @@ pub(super) fn record(builder: Builder<'_>, device_index: usize) -> Result<Vec<Ou
             PendingOutput::Alias(i) => Output::Alias(i),
             PendingOutput::None => Output::None,
             PendingOutput::New { value, sizes } => {
-                let value = remap[value];
-                let dtype = pg.graph.ty(value).dtype;
-                let nbytes = pg.graph.ty(value).numel() as usize * dtype.size_in_bytes();
-                let storage = Storage::pending(client, device_index, nbytes, dtype)?;
-                pg.write_storage(&storage, value);
+                let storage = pg.new_storage(remap[value])?;
+                let dtype = pg.graph.ty(remap[value]).dtype;
                 Output::New {
                     storage,
                     view: View::contiguous(&sizes, dtype),
@@ -390,12 +443,7 @@ pub(super) fn record(builder: Builder<'_>, device_index: usize) -> Result<Vec<Ou
         pg.checks
             .push((remap[flag], (error.code(), error.to_string()), pg.ops.len()));
     }
-    pg.ops.push(RecordedOp {
-        name: op,
-        location: current_location(),
-    });
-    pg.op_ends.push(pg.graph.nodes.len());
-    OPS_RECORDED.fetch_add(1, Ordering::Relaxed);
+    pg.finish_op(op);
     if pg.graph.nodes.len() > MAX_PENDING_NODES {
         let pg = all.swap_remove(index);
         run(pg, intern_location("the pending-graph size limit"))?;
@@ -416,29 +464,11 @@ pub(super) fn run_for_capture(
     site: u32,
 ) -> Result<Option<RanGraph>> {
     let mut all = pending();
-    let Some(index) = all
-        .iter()
-        .position(|g| g.client.id() == client.id() && g.device_index == device_index)
-    else {
+    let Some(index) = find_graph(&all, client, device_index) else {
         return Ok(None);
     };
     let pg = all.swap_remove(index);
     run_graph(pg, site, true)
-}
-
-/// What feeds a parameter of a captured graph recorded into a pending one.
-pub(super) enum CapturedParam {
-    /// The value of a storage (pending or not), read through `view`.
-    Storage {
-        storage: Arc<Storage>,
-        view: View,
-    },
-    Buffer(Arc<Buffer>),
-    Host {
-        bytes: Vec<u8>,
-        dtype: DType,
-        dims: Vec<i64>,
-    },
 }
 
 /// Where an output of a captured graph recorded into a pending one goes.
@@ -461,107 +491,33 @@ pub(super) fn record_captured(
     client: &Client,
     device_index: usize,
     graph: &Graph,
-    params: Vec<CapturedParam>,
+    params: Vec<SplicedParam>,
     outputs: Vec<CapturedOutput>,
     name: &'static str,
 ) -> Result<Vec<Arc<Storage>>> {
-    let mut all = pending();
-    let index = match all
-        .iter()
-        .position(|g| g.client.id() == client.id() && g.device_index == device_index)
-    {
-        Some(i) => i,
-        None => {
-            all.push(PendingGraph::new(client, device_index));
-            all.len() - 1
-        }
-    };
-    let pg = &mut all[index];
-    let (nodes_before, params_before) = (pg.graph.nodes.len(), pg.graph.params.len());
-    let mut params: Vec<Option<CapturedParam>> = params.into_iter().map(Some).collect();
-    let mut remap: Vec<ValueId> = Vec::with_capacity(graph.nodes.len());
-    let mut first_reads = Vec::new();
-    let mut failure = None;
-    for (node, ty) in &graph.nodes {
-        let id = match node {
-            Node::Param(i) => match params.get_mut(*i).and_then(Option::take) {
-                Some(CapturedParam::Storage { storage, view }) => {
-                    match pg.read_storage(&storage, &view, ty, &mut first_reads) {
-                        Ok(v) => v,
-                        Err(e) => {
-                            failure = Some(e);
-                            break;
-                        }
-                    }
-                }
-                Some(CapturedParam::Buffer(buffer)) => {
-                    let read_as = format!("{}{:?}", ty.dtype, ty.dims);
-                    pg.add_param(ty.clone(), Source::Buffer(buffer), read_as).1
-                }
-                Some(CapturedParam::Host { bytes, dtype, dims }) => {
-                    let read_as = format!("a host {}{:?}", ty.dtype, ty.dims);
-                    pg.add_param(ty.clone(), Source::Host { bytes, dtype, dims }, read_as)
-                        .1
-                }
-                None => {
-                    failure = Some(Error::invalid(
-                        format!("{name}: parameter {i}"),
-                        "one binding per parameter",
-                        "a missing one",
-                    ));
-                    break;
-                }
-            },
-            other => {
-                let mut node = other.clone();
-                node.for_each_operand_mut(|v| *v = remap[*v]);
-                pg.push(node, ty.clone())
-            }
-        };
-        remap.push(id);
-    }
-    if failure.is_none() && outputs.len() != graph.outputs.len() {
-        failure = Some(Error::invalid(
+    if outputs.len() != graph.outputs.len() {
+        return Err(Error::invalid(
             format!("{name}: outputs"),
             graph.outputs.len(),
             outputs.len(),
         ));
     }
-    if let Some(error) = failure {
-        pg.graph.nodes.truncate(nodes_before);
-        pg.graph.params.truncate(params_before);
-        pg.sources.truncate(params_before);
-        pg.param_op.truncate(params_before);
-        return Err(error);
-    }
-    for (storage, param, value) in first_reads {
-        let slot = pg.slot_for(&storage, value);
-        slot.value = value;
-        slot.param = Some(param);
-    }
+    let mut all = pending();
+    let index = graph_for(&mut all, client, device_index);
+    let pg = &mut all[index];
+    let remap = pg.splice(graph.nodes.iter().cloned(), params, name)?;
     let op = pg.ops.len();
     let mut created = Vec::new();
     for (output, &value) in outputs.into_iter().zip(&graph.outputs) {
         let value = remap[value];
         match output {
             CapturedOutput::Into(storage) => pg.write_storage(&storage, value),
-            CapturedOutput::New => {
-                let ty = pg.graph.ty(value).clone();
-                let nbytes = ty.numel() as usize * ty.dtype.size_in_bytes();
-                let storage = Storage::pending(client, device_index, nbytes, ty.dtype)?;
-                pg.write_storage(&storage, value);
-                created.push(storage);
-            }
+            CapturedOutput::New => created.push(pg.new_storage(value)?),
             CapturedOutput::Check(error) => pg.checks.push((value, error, op)),
             CapturedOutput::Dropped => {}
         }
     }
-    pg.ops.push(RecordedOp {
-        name,
-        location: current_location(),
-    });
-    pg.op_ends.push(pg.graph.nodes.len());
-    OPS_RECORDED.fetch_add(1, Ordering::Relaxed);
+    pg.finish_op(name);
     Ok(created)
 }
 
@@ -569,10 +525,7 @@ pub(super) fn record_captured(
 pub fn flush_device(client: &Client, device_index: usize) -> Result<()> {
     // Held while the graph runs, so no op records into a graph half-taken.
     let mut all = pending();
-    let Some(index) = all
-        .iter()
-        .position(|g| g.client.id() == client.id() && g.device_index == device_index)
-    else {
+    let Some(index) = find_graph(&all, client, device_index) else {
         return Ok(());
     };
     let pg = all.swap_remove(index);
