@@ -916,29 +916,16 @@ fn execute(
 ) -> Result<(Arc<LoadedExecutable>, Vec<Buffer>)> {
     let exe = cache::executable(client, device_index, graph, provenance)?;
     let device = client.device(device_index)?;
-    let mut uploaded = Vec::new();
-    for &p in kept {
-        if let Source::Host { bytes, dtype, dims } = &sources[p] {
-            uploaded.push(host_input(
-                client,
-                device_index,
-                &device,
-                bytes,
-                *dtype,
-                dims,
-            )?);
-        }
-    }
-    let mut host = uploaded.iter();
-    let mut args: Vec<&Buffer> = Vec::with_capacity(kept.len());
+    let mut args = Vec::with_capacity(kept.len());
     for &p in kept {
         args.push(match &sources[p] {
-            Source::Buffer(buffer) => buffer.as_ref(),
-            Source::Host { .. } => host.next().map(Arc::as_ref).ok_or_else(|| {
-                Error::invalid("host inputs of a graph", "one upload each", "fewer")
-            })?,
+            Source::Buffer(buffer) => buffer.clone(),
+            Source::Host { bytes, dtype, dims } => {
+                host_input(client, device_index, &device, bytes, *dtype, dims)?
+            }
         });
     }
+    let args: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
     let start = Instant::now();
     let results = exe.execute(
         &[&args],

@@ -1291,27 +1291,13 @@ impl<'a> Builder<'a> {
         self.graph.outputs = graph_outputs;
         let exe = cache::executable(self.client, device_index, &self.graph, None)?;
         let device = self.client.device(device_index)?;
-        let mut uploaded = Vec::new();
-        for source in &self.sources {
-            if let ParamSource::Host { bytes, dtype, dims } = source {
-                uploaded.push(host_input(
-                    self.client,
-                    device_index,
-                    &device,
-                    bytes,
-                    *dtype,
-                    dims,
-                )?);
-            }
-        }
-        let mut host = uploaded.iter();
-        let mut args: Vec<&Buffer> = Vec::with_capacity(self.sources.len());
+        let mut args = Vec::with_capacity(self.sources.len());
         for source in &self.sources {
             args.push(match source {
-                ParamSource::Storage(buffer) => buffer.as_ref(),
-                ParamSource::Host { .. } => host.next().map(Arc::as_ref).ok_or_else(|| {
-                    Error::invalid("host inputs of an op", "one upload each", "fewer")
-                })?,
+                ParamSource::Storage(buffer) => buffer.clone(),
+                ParamSource::Host { bytes, dtype, dims } => {
+                    host_input(self.client, device_index, &device, bytes, *dtype, dims)?
+                }
                 ParamSource::Recorded { .. } => {
                     return Err(Error::invalid(
                         format!("{}: an input", self.op),
@@ -1321,6 +1307,7 @@ impl<'a> Builder<'a> {
                 }
             });
         }
+        let args: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
         let mut results = exe
             .execute(
                 &[&args],
