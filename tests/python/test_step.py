@@ -277,3 +277,22 @@ def test_a_second_process_with_the_same_cache_dir_compiles_nothing(tmp_path):
     assert second["executables_compiled"] == 0, second
     assert second["disk_cache_hits"] == first["executables_compiled"]
     assert second["losses"] == first["losses"]
+
+
+def test_rtpu_debug_recompile_explains_and_metrics_report_lists_the_counters(tmp_path):
+    script = textwrap.dedent(
+        """
+        import torch, rtpu
+        w = torch.ones(3, device="tpu")
+        for n in (4, 4, 5):
+            with rtpu.step():
+                y = (torch.ones(n, 3).to("tpu") * w).sum()
+        print(rtpu.metrics_report())
+        """
+    )
+    env = dict(os.environ, RTPU_DEBUG="recompile", RTPU_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "float32[4, 3] to float32[5, 3]" in done.stderr, done.stderr
+    for line in ("graphs executed        3", "recompiles             1", "cache hits", "time compiling"):
+        assert line in done.stdout, done.stdout
