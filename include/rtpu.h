@@ -772,7 +772,8 @@ struct rtpu_error *rtpu_capture_begin(const struct rtpu_runtime *runtime, const 
  * be replayed (`rtpu_graph_replayable` is false, `rtpu_graph_reason` says
  * why), the values are still computed. `site` (NUL-terminated, borrowed)
  * names the graph in errors and explanations. On success the caller owns
- * `*graph_out`.
+ * `*graph_out`. The capture ends (and the mode returns to what it was)
+ * even when this fails.
  */
 struct rtpu_error *rtpu_capture_end(const struct rtpu_runtime *runtime, const struct rtpu_tensor_ref *outputs, size_t num_outputs, const char *site, struct rtpu_graph **graph_out);
 

@@ -252,7 +252,8 @@ pub extern "C" fn rtpu_capture_begin(
 /// be replayed (`rtpu_graph_replayable` is false, `rtpu_graph_reason` says
 /// why), the values are still computed. `site` (NUL-terminated, borrowed)
 /// names the graph in errors and explanations. On success the caller owns
-/// `*graph_out`.
+/// `*graph_out`. The capture ends (and the mode returns to what it was)
+/// even when this fails.
 #[no_mangle]
 pub extern "C" fn rtpu_capture_end(
     runtime: *const rtpu_runtime,
