@@ -773,7 +773,8 @@ struct rtpu_error *rtpu_capture_begin(const struct rtpu_runtime *runtime, const 
  * why), the values are still computed. `site` (NUL-terminated, borrowed)
  * names the graph in errors and explanations. On success the caller owns
  * `*graph_out`. The capture ends (and the mode returns to what it was)
- * even when this fails.
+ * even when this fails; on bad input, what it recorded runs at the next
+ * flush.
  */
 struct rtpu_error *rtpu_capture_end(const struct rtpu_runtime *runtime, const struct rtpu_tensor_ref *outputs, size_t num_outputs, const char *site, struct rtpu_graph **graph_out);
 

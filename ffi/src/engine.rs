@@ -253,7 +253,8 @@ pub extern "C" fn rtpu_capture_begin(
 /// why), the values are still computed. `site` (NUL-terminated, borrowed)
 /// names the graph in errors and explanations. On success the caller owns
 /// `*graph_out`. The capture ends (and the mode returns to what it was)
-/// even when this fails.
+/// even when this fails; on bad input, what it recorded runs at the next
+/// flush.
 #[no_mangle]
 pub extern "C" fn rtpu_capture_end(
     runtime: *const rtpu_runtime,
@@ -263,21 +264,25 @@ pub extern "C" fn rtpu_capture_end(
     graph_out: *mut *mut rtpu_graph,
 ) -> *mut rtpu_error {
     fallible("rtpu_capture_end", || {
-        // SAFETY: a non-NULL handle is live per the docs.
-        let rt = unsafe { runtime_ref(runtime) }?;
-        let graph_out = out_ptr(graph_out, "graph_out")?;
-        // SAFETY: NUL-terminated per the contract.
-        let site = unsafe { c_str(site, "site") }?;
-        // SAFETY: documented as `num_outputs` refs.
-        let outputs = unsafe { tensor_args(outputs, num_outputs, "outputs") };
-        let captured = match outputs {
-            Ok(outputs) => capture::end(&rt.client, &outputs, site)?,
+        let checked = (|| {
+            // SAFETY: a non-NULL handle is live per the docs.
+            let rt = unsafe { runtime_ref(runtime) }?;
+            let graph_out = out_ptr(graph_out, "graph_out")?;
+            // SAFETY: NUL-terminated per the contract.
+            let site = unsafe { c_str(site, "site") }?;
+            // SAFETY: documented as `num_outputs` refs.
+            let outputs = unsafe { tensor_args(outputs, num_outputs, "outputs") }?;
+            Ok::<_, FfiError>((rt, graph_out, site, outputs))
+        })();
+        let (rt, graph_out, site, outputs) = match checked {
+            Ok(checked) => checked,
             Err(e) => {
-                // The capture must end either way.
-                let _ = capture::end(&rt.client, &[], site);
+                // The capture ends either way; what it recorded runs later.
+                capture::abandon();
                 return Err(e);
             }
         };
+        let captured = capture::end(&rt.client, &outputs, site)?;
         let captured = captured.map_err(|reason| {
             CString::new(reason).unwrap_or_else(|_| c"(reason has a NUL)".to_owned())
         });

@@ -121,6 +121,12 @@ int main(void) {
   CHECK_ERROR(rtpu_graph_replay(graph, NULL, 1, &replayed), INVALID, "inputs");
   CHECK_ERROR(rtpu_capture_end(rt, &out_ref, 1, "no capture", &graph), INVALID, "capture");
   CHECK_ERROR(rtpu_capture_begin(NULL, &xr, 1), INVALID, "runtime");
+  /* Bad input to capture_end still ends the capture: a new one can begin. */
+  CHECK_OK(rtpu_capture_begin(rt, &xr, 1));
+  CHECK_ERROR(rtpu_capture_end(rt, &out_ref, 1, "bad", NULL), INVALID, "graph_out");
+  CHECK(rtpu_engine_mode() == RTPU_MODE_EAGER);
+  CHECK_OK(rtpu_capture_begin(rt, &xr, 1));
+  CHECK_ERROR(rtpu_capture_end(rt, &out_ref, 1, NULL, &graph), INVALID, "site");
   CHECK_ERROR(rtpu_capture_begin(rt, NULL, 1), INVALID, "inputs");
   CHECK(!rtpu_graph_replayable(NULL) && rtpu_graph_reason(NULL) == NULL);
   rtpu_graph_destroy(NULL);

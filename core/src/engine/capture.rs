@@ -132,6 +132,15 @@ pub fn begin(inputs: &[TensorArg]) -> Result<()> {
     Ok(())
 }
 
+/// Ends the capture without a graph: what it recorded stays pending and
+/// runs at the next flush. Nothing happens without a capture.
+pub fn abandon() {
+    if let Some(state) = capture().take() {
+        CAPTURING.store(false, Ordering::Relaxed);
+        deferred::set_mode_flag(state.was_deferred);
+    }
+}
+
 /// Ends the capture: runs what was recorded as one program (so `outputs`
 /// hold this call's results) and returns the graph to replay, or why it
 /// cannot be replayed (then later calls should run their ops again).
