@@ -18,9 +18,11 @@ why.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
+
+from rtpu import _buckets
 
 _TPU = "tpu"
 # Marks an output position the replay fills with a tensor.
@@ -48,44 +50,115 @@ def _signature(args: tuple) -> tuple:
     return tuple(key)
 
 
+class _Pair:
+    """What one Dynamo graph's forward and backward graphs share when they
+    run in size buckets."""
+
+    def __init__(self) -> None:
+        # The padded layouts of the forward's values, by node name: the
+        # backward's saved activations keep those names.
+        self.known_dims: dict = {}
+        self.backward: Optional[_Graph] = None
+        # Saved activations the forward hands over padded, when the backward
+        # is bucketed too: cutting and padding them again would cost a copy
+        # and a program per size each.
+        self.saved_padded: set[str] = set()
+
+
 class _Graph:
     """One AOTAutograd graph (forward, backward or inference): a captured
-    executable per input signature."""
+    executable per input signature.
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str) -> None:
+    A graph with dynamic sizes compiles per size bucket instead (see
+    `_buckets`): its inputs are padded to the bucket, and its outputs cut
+    back."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str, pair: _Pair) -> None:
         self.gm = gm
         self.name = name
+        self.pair = pair
         self.site = f"torch.compile {name} graph {id(self):#x}"
         self.captured: dict[tuple, Any] = {}
         self.warned = False
+        self.size_tensors: dict[int, torch.Tensor] = {}
+        self.dynamic = _has_dynamic_sizes(gm)
+        self.plan: Optional[_buckets.Plan] = None
+        self.planned = False
+        # How many of a forward graph's outputs are the user's (the rest are
+        # saved for the backward).
+        self.user_outputs: Optional[int] = None
+        if name == "backward":
+            pair.backward = self
+        context = torch._guards.TracingContext.try_get()
+        if name == "forward" and context is not None and context.fw_metadata is not None:
+            self.user_outputs = len(context.fw_metadata.tokens) + context.fw_metadata.num_forward
+
+    def bucket_plan(self) -> Optional[_buckets.Plan]:
+        """The graph's padding plan, made on its first call (the forward's
+        first, so that the backward can use its layouts); None when its
+        sizes are static or it cannot be padded."""
+        if self.planned or not self.dynamic:
+            return self.plan
+        self.planned = True
+        arrive_padded = self.pair.saved_padded if self.name == "backward" else set()
+        try:
+            self.plan = _buckets.Plan(self.gm, self.pair.known_dims, arrive_padded)
+        except _buckets.NotBucketable as e:
+            self._warn(f"it compiles once per size of its dynamic dims, since {e}", op_by_op=False)
+            return None
+        backward = self.pair.backward
+        if self.name == "forward" and self.user_outputs is not None and backward is not None:
+            if backward.bucket_plan() is not None:
+                self.pair.saved_padded |= _buckets.padded_outputs(self.plan, self.user_outputs)
+        return self.plan
 
     def __call__(self, *args: Any) -> Any:
+        plan = self.bucket_plan()
+        if plan is not None:
+            sizes = _buckets.Sizes(_buckets.true_sizes(plan, args), self._size_tensor)
+            padded = _buckets.pad_inputs(plan, args, sizes)
+            run = _buckets.Runner(self.gm, plan, sizes).run
+            outputs = self._run(padded, run, list(sizes.tensors.values()))
+            keep = self.pair.saved_padded if self.name == "forward" else set()
+            return _buckets.cut_outputs(plan, outputs, sizes, keep)
+        return self._run(args, self.gm, [])
+
+    def _run(self, args: Any, run: Callable, extra_inputs: list) -> Any:
+        """Replays the executable for the signature of args (plus the extra
+        device inputs), capturing it on first sight."""
         key = _signature(args)
         entry = self.captured.get(key)
         if entry is None:
-            outputs, entry = self._capture(args)
+            outputs, entry = self._capture(args, run, extra_inputs)
             self.captured[key] = entry
             return outputs
         graph, template = entry
         if graph is None:
-            return self.gm(*args)
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            return run(*args)
+        tensors = [a for a in args if isinstance(a, torch.Tensor)] + extra_inputs
         replayed = iter(graph.replay(tensors))
         return [next(replayed) if slot is _REPLAYED else slot for slot in template]
 
-    def _capture(self, args: tuple) -> tuple[Any, Any]:
+    def _size_tensor(self, size: int) -> torch.Tensor:
+        """A true size as a device input of the bucket's executable."""
+        tensor = self.size_tensors.get(size)
+        if tensor is None:
+            tensor = self.size_tensors[size] = torch.tensor(size, device=_TPU)
+        return tensor
+
+    def _capture(self, args: tuple, run: Callable, extra_inputs: list) -> tuple[Any, Any]:
         # A new signature of a graph that captured before compiles at the
         # same site: the core counts it as a recompile, explains it and
         # applies the recompile limit.
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        tensors = [a for a in args if isinstance(a, torch.Tensor)] + extra_inputs
         off_device = [i for i, t in enumerate(tensors) if t.device.type != _TPU]
         if off_device:
             self._warn(f"inputs {off_device} are not on tpu (their values would be baked in)")
-            return self.gm(*args), (None, None)
+            return run(*args), (None, None)
         fallbacks_before = torch.ops.rtpu.fallback_counts()
         torch.ops.rtpu.capture_begin(tensors)
         try:
-            outputs = self.gm(*args)
+            outputs = run(*args)
         except BaseException:
             torch.ops.rtpu.capture_end([], self.site)
             raise
@@ -105,20 +178,27 @@ class _Graph:
         template = [_REPLAYED if isinstance(o, torch.Tensor) else o for o in listed]
         return outputs, (graph, template)
 
-    def _warn(self, reason: str) -> None:
+    def _warn(self, reason: str, op_by_op: bool = True) -> None:
         if not self.warned:
             self.warned = True
-            warnings.warn(
-                f"rtpu: the {self.name} graph compiled by torch.compile runs op by op: {reason}",
-                stacklevel=3,
-            )
+            how = "runs op by op" if op_by_op else "is not bucketed"
+            warnings.warn(f"rtpu: the {self.name} graph compiled by torch.compile {how}: {reason}", stacklevel=3)
 
 
-def _compiler(name: str) -> Callable:
+def _has_dynamic_sizes(gm: torch.fx.GraphModule) -> bool:
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        sizes = value.shape if isinstance(value, torch.Tensor) else [value]
+        if any(isinstance(s, torch.SymInt) for s in sizes):
+            return True
+    return False
+
+
+def _compiler(name: str, pair: _Pair) -> Callable:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
         from functorch.compile import make_boxed_func
 
-        return make_boxed_func(_Graph(gm, name))
+        return make_boxed_func(_Graph(gm, name, pair))
 
     return compile_graph
 
@@ -127,10 +207,11 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) 
     """The `tpu` backend of `torch.compile`."""
     from torch._dynamo.backends.common import aot_autograd
 
+    pair = _Pair()
     return aot_autograd(
-        fw_compiler=_compiler("forward"),
-        bw_compiler=_compiler("backward"),
-        inference_compiler=_compiler("inference"),
+        fw_compiler=_compiler("forward", pair),
+        bw_compiler=_compiler("backward", pair),
+        inference_compiler=_compiler("inference", pair),
         # Mutations stay in inference graphs (optimizer steps), where they
         # become in-place writes of the inputs' storages.
         keep_inference_input_mutations=True,

@@ -132,7 +132,16 @@ def test_inference_under_no_grad_and_inference_mode(mode):
     assert after["ops_recorded"] == before["ops_recorded"]
 
 
-def test_a_dynamic_sequence_length_compiles_one_graph_per_length_and_explains_new_ones(capfd):
+# Sizes and the power-of-two buckets they compile for: each bucket is met
+# again with a different size, after others.
+DYNAMIC_SIZES = (8, 12, 5, 16, 11, 3, 8, 13)
+
+
+def bucket_of(size):
+    return 1 << (size - 1).bit_length()
+
+
+def test_a_dynamic_sequence_length_compiles_one_graph_per_bucket_and_explains_new_ones(capfd):
     torch.manual_seed(0)
     cpu_model = GPT().eval()
     model = GPT().eval().to(DEVICE)
@@ -141,24 +150,86 @@ def test_a_dynamic_sequence_length_compiles_one_graph_per_length_and_explains_ne
     rtpu.debug.explain_recompiles()
     try:
         with torch.no_grad():
-            compiled_per_length = {}
-            for length in (8, 12, 8, 12, 16, 8):
+            seen, recompiled = set(), {}
+            for length in DYNAMIC_SIZES:
                 tokens = torch.randint(0, 64, (2, length))
                 x = tokens.to(DEVICE)
                 torch._dynamo.mark_dynamic(x, 1)
-                before = rtpu.metrics()["executables_compiled"]
+                before = rtpu.metrics()["recompiles"]
                 out = compiled(x)
-                compiled_per_length[length] = compiled_per_length.get(length, 0) + (
-                    rtpu.metrics()["executables_compiled"] - before
-                )
+                recompiled[length] = rtpu.metrics()["recompiles"] - before
+                # The padded positions never reach the valid ones.
+                assert out.shape == (2, length, 64)
                 torch.testing.assert_close(out.cpu(), cpu_model(tokens), rtol=2e-4, atol=2e-5)
+                # One graph compiles per bucket: only a new bucket recompiles.
+                assert recompiled[length] == (1 if seen and bucket_of(length) not in seen else 0), recompiled
+                seen.add(bucket_of(length))
     finally:
         rtpu.debug.explain_recompiles(False)
-    assert all(count <= 1 for count in compiled_per_length.values()), compiled_per_length
-    # Dynamo traced one graph for all lengths; rtpu compiled one per length,
-    # explaining each new one (the embedding reads the 2 x length tokens).
+    # Dynamo traced one graph for all lengths; the new bucket is explained
+    # (the tokens are padded to 2 x 16 instead of 2 x 8).
     explanation = capfd.readouterr().err
-    assert re.search(r"recompiling the graph flushed at torch.compile .* changed from int64\[16\] to int64\[24\]", explanation), explanation
+    assert re.search(r"recompiling the graph flushed at torch.compile .* changed from int64\[2, 8\] to int64\[2, 16\]", explanation), explanation
+
+
+DYNAMIC_CASES = {
+    # (model, optimizer, batch of a size, dynamic dims of x and y)
+    "gpt sequence length": (
+        GPT,
+        lambda ps: torch.optim.AdamW(ps, lr=3e-3),
+        lambda g, n: (lambda t: (t[:, :-1], t[:, 1:]))(torch.randint(0, 64, (4, n + 1), generator=g)),
+        1,
+    ),
+    "mlp batch": (
+        mlp,
+        lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+        lambda g, n: (torch.randn(n, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
+        0,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DYNAMIC_CASES))
+def test_training_with_a_dynamic_dim_gives_cpu_losses_and_compiles_once_per_bucket(name):
+    make_model, make_optimizer, make_batch, dim = DYNAMIC_CASES[name]
+    seed = torch.seed() % 2**31
+    print(f"{name}: seed {seed}")
+    g = torch.Generator().manual_seed(seed)
+    batches = [make_batch(g, n) for n in DYNAMIC_SIZES]
+    expected, _ = train("cpu", make_model, make_optimizer, batches, len(batches), seed, False)
+
+    torch.manual_seed(seed)
+    model = make_model().to(DEVICE)
+    optimizer = make_optimizer(model.parameters())
+    step = torch.compile(train_step, backend="tpu")
+    losses, seen = [], set()
+    for n, (x, y) in zip(DYNAMIC_SIZES, batches):
+        x, y = x.to(DEVICE), y.to(DEVICE)
+        torch._dynamo.mark_dynamic(x, dim)
+        torch._dynamo.mark_dynamic(y, dim)
+        before = rtpu.metrics()["recompiles"]
+        losses.append(step(model, optimizer, x, y).item())
+        recompiles = rtpu.metrics()["recompiles"] - before
+        # A new bucket compiles the forward and the backward graph again;
+        # any size of a bucket met before compiles nothing.
+        assert recompiles == (2 if seen and bucket_of(n) not in seen else 0), (n, recompiles)
+        seen.add(bucket_of(n))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=2e-4, atol=1e-5)
+
+
+def test_a_graph_that_cannot_be_padded_compiles_per_size_and_says_which_op(recwarn):
+    def last_position(x):
+        return x[:, -1] * 2  # reads a position that padding moves
+
+    compiled = torch.compile(last_position, backend="tpu")
+    for length in (8, 12, 5):
+        x = torch.randn(3, length)
+        xt = x.to(DEVICE)
+        torch._dynamo.mark_dynamic(xt, 1)
+        torch.testing.assert_close(compiled(xt).cpu(), last_position(x))
+    messages = [str(w.message) for w in recwarn if "not bucketed" in str(w.message)]
+    assert len(messages) == 1, [str(w.message) for w in recwarn]
+    assert re.search(r"aten\.select\.int selects from a padded dim \(File .*test_compile\.py\", line \d+", messages[0]), messages[0]
 
 
 def test_compiled_graphs_called_inside_a_step_join_its_one_program():
