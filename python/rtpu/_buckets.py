@@ -154,7 +154,22 @@ class Plan:
             except NotBucketable as e:
                 raise NotBucketable(f"{node.target} {e}{_where(node)}") from None
         self.symbols = sorted(self.symbols, key=str)
+        unreadable = [s for s in self.symbols if s not in self._readable()]
+        if unreadable:
+            raise NotBucketable(f"the sizes {unreadable} cannot be read off its inputs")
         known.update({name: dims for name, dims in self.dims.items() if isinstance(dims, tuple)})
+
+    def _readable(self) -> set:
+        """Symbols whose true size an input gives: a size input, or a dim
+        of a tensor input (other than ones that arrive padded)."""
+        readable = set()
+        for name, kind in zip(self.input_names, self.inputs):
+            if isinstance(kind, sympy.Symbol):
+                readable.add(kind)
+            elif isinstance(kind, tuple) and name not in self._known:
+                # (a forward's value may arrive padded, so its dims do not tell)
+                readable |= {dim[0] for dim in kind if len(dim) == 1 and isinstance(dim[0], sympy.Symbol)}
+        return readable
 
     # -- analysis -----------------------------------------------------------
 
@@ -498,6 +513,32 @@ class Plan:
                 self._mask(node, i, _ZERO)
         return [dims if isinstance(value[0], torch.Tensor) else None] + self._fresh(list(value[1:]))
 
+    def _per_sample(self, node, value):
+        """Ops that work on each index of dim 0 on its own (convolutions,
+        pooling, normalisation with fixed statistics): only dim 0 may be
+        padded. Their weight gradients sum over dim 0, so those see zeros."""
+        tensors = [(i, self._tensor_dims(a)) for i, a in enumerate(node.args) if self._tensor_dims(a) is not None]
+        batch = None
+        for i, dims in tensors:
+            if any(_padded(d) for d in dims[1:]):
+                raise NotBucketable("works on a padded dim other than the batch")
+            if dims and _padded(dims[0]):
+                if batch is not None and dims[0] != batch:
+                    raise NotBucketable(f"combines batches laid out as {batch} and {dims[0]}")
+                batch = dims[0]
+                if node.target.overloadpacket in _SUMS_OVER_BATCH:
+                    self._mask(node, i, _ZERO)
+
+        def dims_of(out: Any) -> Any:
+            if not isinstance(out, torch.Tensor):
+                return None
+            shape = _shape(out)
+            if batch is not None and shape and shape[0] == _size(batch):
+                return (batch,) + self._fresh(out)[1:]
+            return self._fresh(out)
+
+        return [dims_of(v) for v in value] if isinstance(value, (list, tuple)) else dims_of(value)
+
     def _copy_(self, node, value):
         dims = self._tensor_dims(node.args[0])
         if any(_padded(d) for d in dims) and node.args[0].op == "placeholder":
@@ -538,6 +579,15 @@ _RULES: dict[Any, Callable] = {
     aten.native_layer_norm_backward: Plan._layer_norm_backward,
     aten.copy_: Plan._copy_,
 }
+_PER_SAMPLE = {
+    aten.convolution, aten.convolution_backward, aten.max_pool2d_with_indices,
+    aten.max_pool2d_with_indices_backward, aten.avg_pool2d, aten.avg_pool2d_backward,
+    aten._adaptive_avg_pool2d, aten._adaptive_avg_pool2d_backward,
+    aten._native_batch_norm_legit_no_training,
+}
+# Of those, the ones whose outputs include a sum over the batch.
+_SUMS_OVER_BATCH = {aten.convolution_backward}
+_RULES.update({packet: Plan._per_sample for packet in _PER_SAMPLE})
 
 
 class Sizes:
@@ -570,9 +620,6 @@ def true_sizes(plan: Plan, args: tuple) -> dict:
             for dim, size in zip(kind, arg.shape):
                 if len(dim) == 1 and isinstance(dim[0], sympy.Symbol):
                     true[dim[0]] = int(size)
-    missing = [s for s in plan.symbols if s not in true]
-    if missing:
-        raise NotBucketable(f"the sizes {missing} cannot be read off the inputs")
     return true
 
 

@@ -180,6 +180,16 @@ DYNAMIC_CASES = {
         lambda g, n: (lambda t: (t[:, :-1], t[:, 1:]))(torch.randint(0, 64, (4, n + 1), generator=g)),
         1,
     ),
+    "cnn batch": (
+        lambda: torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10),
+        ),
+        lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+        lambda g, n: (torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 10, (n,), generator=g)),
+        0,
+    ),
     "mlp batch": (
         mlp,
         lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
