@@ -5,6 +5,10 @@ when their interpreters are given, JAX (jit) and torch_xla (PJRT CPU) on the
 same models, in one run, with ratios; plus rtpu's recording cost per op. A
 benchmark, not a test: numbers vary by machine.
 
+The "cpu aot_eager" row is torch.compile's own tracing (Dynamo and
+AOTAutograd, no compiler) on CPU: compile mode's first step cannot be
+shorter than its first step, whatever the backend.
+
 Models: an MLP (784-1024-1024-10, batch 128, SGD) and a GPT (4 layers,
 d=256, 4 heads, T=128, batch 8, vocab 1024, AdamW). Every step is timed to
 completion (the device is waited for), for every framework alike.
@@ -106,6 +110,22 @@ def run_cpu_eager(name, steps, warmup):
     for i in range(warmup + steps):
         start = time.perf_counter()
         train_step(model, optimizer, x, y)
+        times.append(time.perf_counter() - start)
+    return {"first_step_s": times[0], "median_step_s": statistics.median(times[warmup:])}
+
+
+def run_cpu_aot_eager(name, steps, warmup):
+    """torch.compile with the aot_eager backend on CPU: Dynamo and
+    AOTAutograd tracing with no compiler behind them. Its first step is the
+    least any torch.compile backend can take for this step."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, optimizer, (x, y) = MODELS[name]("cpu")
+    step = torch.compile(train_step, backend="aot_eager")
+    times = []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        step(model, optimizer, x, y)
         times.append(time.perf_counter() - start)
     return {"first_step_s": times[0], "median_step_s": statistics.median(times[warmup:])}
 
@@ -216,6 +236,7 @@ def main():
             "rtpu step": run_rtpu_step(name, args.steps, args.warmup),
             "rtpu compile": run_rtpu_compile(name, args.steps, args.warmup),
             "cpu eager": run_cpu_eager(name, args.steps, args.warmup),
+            "cpu aot_eager": run_cpu_aot_eager(name, args.steps, args.warmup),
         }
         if args.jax_python:
             results["jax jit"] = run_other(args.jax_python, "jax_models.py", name, args.steps, args.warmup)

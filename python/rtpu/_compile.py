@@ -9,14 +9,19 @@ inputs' buffers are bound to the executable in one call, with no per-op
 dispatch. Inputs the graph mutates (optimizer state, BatchNorm statistics)
 take their new values in place.
 
-A graph that cannot be replayed (its inputs include CPU tensors, an op runs
-on the CPU fallback, it reads a value on the host mid-graph, or it returns an
-input) runs its ops again on every call, with a one-time warning that says
-why.
+Ops that only read CPU inputs (the step counts of a non-capturable
+optimizer) run on the CPU every call; the values the device ops read from
+them enter the executable as inputs. Graphs with dynamic sizes compile per
+size bucket (see `_buckets`).
+
+A graph that cannot be replayed (an op runs on the CPU fallback, it reads a
+value on the host mid-graph, or it returns an input) runs its ops again on
+every call, with a one-time warning that says why.
 """
 
 from __future__ import annotations
 
+import operator
 import warnings
 from typing import Any, Callable, Optional
 
@@ -74,6 +79,11 @@ class _Graph:
     back."""
 
     def __init__(self, gm: torch.fx.GraphModule, name: str, pair: _Pair) -> None:
+        # Ops on CPU scalars (non-capturable optimizers' step counts) run on
+        # the host every call; the device graph takes their results as inputs.
+        self.host_part = _HostPart.split(gm)
+        if self.host_part is not None:
+            gm = self.host_part.device_gm
         self.gm = gm
         self.name = name
         self.pair = pair
@@ -113,6 +123,8 @@ class _Graph:
         return self.plan
 
     def __call__(self, *args: Any) -> Any:
+        if self.host_part is not None:
+            args = self.host_part(args)
         plan = self.bucket_plan()
         if plan is not None:
             sizes = _buckets.Sizes(_buckets.true_sizes(plan, args), self._size_tensor)
@@ -183,6 +195,75 @@ class _Graph:
             self.warned = True
             how = "runs op by op" if op_by_op else "is not bucketed"
             warnings.warn(f"rtpu: the {self.name} graph compiled by torch.compile {how}: {reason}", stacklevel=3)
+
+
+def _on_cpu(node: torch.fx.Node) -> bool:
+    """Whether a node makes only CPU tensors (and at least one)."""
+    value = node.meta.get("val")
+    values = value if isinstance(value, (list, tuple)) else [value]
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    return bool(tensors) and len(tensors) == len(values) and all(t.device.type == "cpu" for t in tensors)
+
+
+class _HostPart:
+    """The ops of a graph that only read CPU inputs (an optimizer's step
+    counts and bias corrections), split off to run eagerly on the CPU every
+    call. Their results that device ops read enter the device graph as
+    inputs, so it has no CPU inputs and can be captured and replayed; the
+    CPU inputs they update are updated in place, as before."""
+
+    def __init__(self, host_gm: torch.fx.GraphModule, device_gm: torch.fx.GraphModule, on_host: list[bool]) -> None:
+        self.host_gm = host_gm
+        self.device_gm = device_gm
+        self.on_host = on_host
+
+    @staticmethod
+    def split(gm: torch.fx.GraphModule) -> Optional["_HostPart"]:
+        placeholders = list(gm.graph.find_nodes(op="placeholder"))
+        host = {p for p in placeholders if _on_cpu(p)}
+        if not host:
+            return None
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.all_input_nodes and all(a in host for a in node.all_input_nodes):
+                if _on_cpu(node) or node.target is operator.getitem:
+                    host.add(node)
+        output = next(iter(gm.graph.find_nodes(op="output")))
+        if any(a in host for a in output.all_input_nodes):
+            return None  # the user sees a host value: keep the graph whole
+        # Host values that device ops read: they cross over as inputs.
+        crossing = [n for n in gm.graph.nodes if n in host and any(u not in host for u in n.users)]
+        if not all(isinstance(n.meta.get("val"), torch.Tensor) for n in crossing):
+            return None
+
+        host_graph = torch.fx.Graph()
+        host_env: dict = {}
+        for node in gm.graph.nodes:
+            if node in host or node.op == "placeholder":
+                host_env[node] = host_graph.node_copy(node, lambda n: host_env[n])
+        host_graph.output(tuple(host_env[n] for n in crossing))
+
+        device_graph = torch.fx.Graph()
+        device_env: dict = {}
+        for node in placeholders:
+            if node not in host:
+                device_env[node] = device_graph.node_copy(node, lambda n: device_env[n])
+        for node in crossing:
+            device_env[node] = device_graph.placeholder(f"host_{node.name}")
+            device_env[node].meta = dict(node.meta)
+        for node in gm.graph.nodes:
+            if node not in host and node.op != "placeholder":
+                device_env[node] = device_graph.node_copy(node, lambda n: device_env[n])
+        return _HostPart(
+            torch.fx.GraphModule(gm, host_graph),
+            torch.fx.GraphModule(gm, device_graph),
+            [p in host for p in placeholders],
+        )
+
+    def __call__(self, args: tuple) -> list:
+        """Runs the host part; returns the device graph's arguments."""
+        crossing = self.host_gm(*args)
+        device_args = [a for a, on_host in zip(args, self.on_host) if not on_host]
+        return device_args + [value.to(_TPU, non_blocking=True) for value in crossing]
 
 
 def _has_dynamic_sizes(gm: torch.fx.GraphModule) -> bool:

@@ -4,6 +4,7 @@ Compiled training gives CPU eager's loss curves; graph breaks, inference
 modes and new shapes work."""
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -95,6 +96,38 @@ def test_a_100_step_compiled_loop_compiles_each_graph_once_and_replays_without_p
     assert after["graph_executions"] - before["graph_executions"] == 3 * steps
     # Eager work per step is at most the seed gradient of backward().
     assert after["ops_run"] - before["ops_run"] <= steps
+
+
+def test_a_compiled_adamw_with_cpu_step_counts_replays_and_keeps_its_state():
+    # AdamW's default (non-capturable) state keeps each step count on the
+    # CPU: its increments and bias corrections run on the host each call and
+    # enter the optimizer graph as inputs, so that graph still replays.
+    seed = torch.seed() % 2**31
+    print(f"seed {seed}")
+    batches = [(x.to(DEVICE), y.to(DEVICE)) for x, y in mlp_batches(seed)]
+    steps, warm_up = 12, 3
+    torch.manual_seed(seed)
+    model = mlp().to(DEVICE)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    step = torch.compile(train_step, backend="tpu")
+    losses = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(steps):
+            if i == warm_up:
+                before = rtpu.metrics()
+            losses.append(step(model, optimizer, *batches[i % len(batches)]).detach())
+    after = rtpu.metrics()
+    assert not [str(w.message) for w in caught if "rtpu" in str(w.message)]  # no graph runs op by op
+    assert after["graph_executions"] - before["graph_executions"] == 3 * (steps - warm_up)
+    assert after["ops_recorded"] == before["ops_recorded"]
+
+    cpu_losses, cpu_model = train("cpu", mlp, lambda ps: torch.optim.AdamW(ps, lr=1e-2), [(x.cpu(), y.cpu()) for x, y in batches], steps, seed, False)
+    torch.testing.assert_close(torch.tensor([loss.item() for loss in losses]), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-6)
+    for p, q in zip(model.parameters(), cpu_model.parameters()):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-4, atol=1e-6)
+    for state in optimizer.state.values():
+        assert state["step"].device.type == "cpu" and state["step"].item() == steps
 
 
 def test_graph_breaks_run_the_pieces_and_explain_counts_them():
