@@ -206,9 +206,9 @@ def recording_cost(ops=2000):
     return (recorded - start) / ops * 1e6, core / 1e3
 
 
-def run_other(python, script, name, steps, warmup, env=None):
+def run_other(python, script, name, steps, warmup, env=None, extra_args=()):
     done = subprocess.run(
-        [python, os.path.join(HERE, script), "--model", name, "--steps", str(steps), "--warmup", str(warmup)],
+        [python, os.path.join(HERE, script), "--model", name, "--steps", str(steps), "--warmup", str(warmup), *extra_args],
         capture_output=True,
         text=True,
         timeout=3600,
@@ -259,17 +259,21 @@ def main():
             results["torch_xla"] = run_other(
                 args.torch_xla_python, "torch_xla_models.py", name, args.steps, args.warmup
             )
+            # torch_xla's own torch.compile backend: compile mode's peer.
+            results["torch_xla dynamo"] = run_other(
+                args.torch_xla_python, "torch_xla_models.py", name, args.steps, args.warmup, extra_args=["--compile"]
+            )
         ours, compiled = results["rtpu step"], results["rtpu compile"]
         print(f"\n{name}: median step time over {args.steps} steps (first step: compile included)")
-        print(f"  {'':<14}{'step ms':>10}{'first s':>10}{'step/this':>11}{'compile/this':>14}")
+        print(f"  {'':<17}{'step ms':>10}{'first s':>10}{'step/this':>11}{'compile/this':>14}")
         for label, r in results.items():
             if r is None:
-                print(f"  {label:<14}{'failed':>10}")
+                print(f"  {label:<17}{'failed':>10}")
                 continue
             step_ratio = ours["median_step_s"] / r["median_step_s"]
             compile_ratio = compiled["median_step_s"] / r["median_step_s"]
             print(
-                f"  {label:<14}{r['median_step_s'] * 1e3:>10.2f}{r['first_step_s']:>10.2f}"
+                f"  {label:<17}{r['median_step_s'] * 1e3:>10.2f}{r['first_step_s']:>10.2f}"
                 f"{step_ratio:>11.2f}{compile_ratio:>14.2f}"
             )
         print(

@@ -1,10 +1,12 @@
 """PyTorch/XLA reference for the step benchmark: trains the MLP or the small
 GPT of benches/bench_step.py for a few steps on the PJRT CPU device and prints
-one JSON line, {"model", "first_step_s", "median_step_s"}.
+one JSON line, {"model", "first_step_s", "median_step_s"}. With --compile the
+step runs under torch.compile with torch_xla's Dynamo backend ("openxla"), to
+compare with rtpu's compile mode like for like.
 
 bench_step.py runs it as a subprocess with a Python that has `torch_xla`:
 
-    python torch_xla_models.py --model {mlp,gpt} --steps N --warmup W
+    python torch_xla_models.py --model {mlp,gpt} --steps N --warmup W [--compile]
 """
 
 import argparse
@@ -87,11 +89,21 @@ def sync():
         xm.mark_step()
 
 
+def train_step(model, optimizer, inputs, labels):
+    optimizer.zero_grad()
+    logits = model(inputs)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 def main():
     parser = argparse.ArgumentParser(description="PyTorch/XLA reference step times for bench_step.py")
     parser.add_argument("--model", choices=["mlp", "gpt"], required=True)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help='torch.compile(backend="openxla")')
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 0:
         parser.error("need --steps >= 1 and --warmup >= 0")
@@ -105,20 +117,17 @@ def main():
     # Each step ends with the graph cut, executed and finished, so the wall
     # time covers tracing, compiling when the graph is new, and running it.
     # AdamW creates its state in step 1, so step 2 compiles a second graph.
+    step = torch.compile(train_step, backend="openxla") if args.compile else train_step
     times = []
     for _ in range(1 + args.warmup + args.steps):
         start = time.perf_counter()
-        optimizer.zero_grad()
-        logits = model(inputs)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-        loss.backward()
-        optimizer.step()
+        step(model, optimizer, inputs, labels)
         sync()
         xm.wait_device_ops()
         times.append(time.perf_counter() - start)
 
     first, median = times[0], statistics.median(times[1 + args.warmup :])
-    print(json.dumps({"model": args.model, "first_step_s": first, "median_step_s": median}))
+    print(json.dumps({"model": args.model, "compile": args.compile, "first_step_s": first, "median_step_s": median}))
 
 
 if __name__ == "__main__":

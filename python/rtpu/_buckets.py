@@ -103,6 +103,14 @@ def _is_symbolic(value: Any) -> bool:
     )
 
 
+def _on_device_as_is(size: sympy.Expr) -> bool:
+    """Whether a size expression is sums and products of sizes and integers,
+    which the device computes from the true sizes."""
+    if isinstance(size, (sympy.Symbol, sympy.Integer)):
+        return True
+    return isinstance(size, (sympy.Mul, sympy.Add)) and all(_on_device_as_is(a) for a in size.args)
+
+
 _SIZE_TYPES = {"SymInt", "SymInt?", "SymInt[]", "SymInt[]?"}
 _declared_types: dict[Any, list[str]] = {}
 
@@ -144,6 +152,8 @@ class Plan:
         self.dims: dict[str, Any] = {}
         self.masks: dict[str, list[tuple[int, Any]]] = {}
         self.means: set[str] = set()
+        # Pointwise ops' scalar operands that are sizes: (argument, size).
+        self.size_values: dict[str, list[tuple[int, sympy.Expr]]] = {}
         self.inputs: list[Any] = []  # per placeholder: Dims, a sympy size, or None
         self.outputs: list[Any] = []  # per output: Dims, a sympy size, or None
         self.symbols: set[sympy.Symbol] = set()
@@ -212,8 +222,10 @@ class Plan:
             raise NotBucketable(f"({node.op}) is not an ATen op")
 
     def _check_sizes_used_as_sizes(self, node: torch.fx.Node) -> None:
-        """A symbolic size may only shape tensors: as a value it would read
-        the bucket's size, not the true one."""
+        """A symbolic size may shape tensors. As a value it would read the
+        bucket's size, not the true one: a pointwise op's scalar operand
+        (the division in a mean's gradient) reads the true size from the
+        device instead; anywhere else it is refused."""
         packet = node.target.overloadpacket
         types = _argument_types(node.target)
         for i, arg in enumerate(node.target._schema.arguments):
@@ -221,6 +233,14 @@ class Plan:
             if not _is_symbolic(value):
                 continue
             if packet is aten.arange and arg.name in ("start", "end"):
+                continue
+            if (
+                types[i] == "Scalar"
+                and i < len(node.args)
+                and torch.Tag.pointwise in node.target.tags
+                and _on_device_as_is(_expr(value.meta["val"]))
+            ):
+                self.size_values.setdefault(node.name, []).append((i, _expr(value.meta["val"])))
                 continue
             if types[i] not in _SIZE_TYPES:
                 raise NotBucketable(f"uses a dynamic size as its {arg.name} ({types[i]})")
@@ -701,15 +721,35 @@ class Runner(torch.fx.Interpreter):
 
     def run_node(self, node: torch.fx.Node) -> Any:
         masks = self.plan.masks.get(node.name)
-        if node.op != "call_function" or masks is None:
+        size_values = self.plan.size_values.get(node.name)
+        if node.op != "call_function" or (masks is None and size_values is None):
             return super().run_node(node)
         args, kwargs = self.fetch_args_kwargs_from_env(node)
         args = list(args)
+        if size_values is not None:
+            for i, size in size_values:
+                args[i] = self._true_size(size)
+            # The Tensor overload of the same op takes the device value.
+            return node.target.overloadpacket(*args, **kwargs)
         for i, fill in masks:
             args[i] = self._masked(args[i], self.plan.dims[node.args[i].name], fill)
         if node.name in self.plan.means:
             return self._mean(node, args, kwargs)
         return node.target(*args, **kwargs)
+
+    def _true_size(self, size: sympy.Expr) -> torch.Tensor:
+        """A size expression's true value, computed on the device from the
+        true sizes (executable inputs)."""
+        if isinstance(size, sympy.Symbol):
+            return self.sizes.tensors[size]
+        if size.is_Integer:
+            return torch.tensor(int(size))  # a wrapped number: folds into the op
+        terms = [self._true_size(arg) for arg in size.args]
+        combine = operator.mul if isinstance(size, sympy.Mul) else operator.add
+        result = terms[0]
+        for term in terms[1:]:
+            result = combine(result, term)
+        return result
 
     def _valid(self, dims: Dims) -> torch.Tensor:
         """True at the positions within the true sizes, broadcastable to a
