@@ -166,6 +166,9 @@ def run_rtpu_step(name, steps, warmup):
 
 
 def run_rtpu_compile(name, steps, warmup):
+    # Each model is traced afresh: after another model's shapes, Dynamo
+    # would trace this one with dynamic shapes.
+    torch._dynamo.reset()
     torch.manual_seed(0)
     model, optimizer, (x_cpu, y_cpu) = MODELS[name]("tpu")
     x, y = x_cpu.to("tpu"), y_cpu.to("tpu")

@@ -151,7 +151,10 @@ class Plan:
         self.output_names: list[Optional[str]] = []
         self.dims: dict[str, Any] = {}
         self.masks: dict[str, list[tuple[int, Any]]] = {}
-        self.means: set[str] = set()
+        # Ops computed another way on padded inputs, by the Runner method
+        # named: means (count only the true positions), batch norm in
+        # training (statistics over the true samples).
+        self.replaced: dict[str, str] = {}
         # Pointwise ops' scalar operands that are sizes: (argument, size).
         self.size_values: dict[str, list[tuple[int, sympy.Expr]]] = {}
         self.inputs: list[Any] = []  # per placeholder: Dims, a sympy size, or None
@@ -442,7 +445,7 @@ class Plan:
         else:
             out = self._reduced(node, value, self._arg(node, 1), self._arg(node, 2, False), _ZERO)
         if node.name in self.masks:
-            self.means.add(node.name)
+            self.replaced[node.name] = "_mean"
         return out
 
     def _amax(self, node, value):
@@ -559,6 +562,30 @@ class Plan:
 
         return [dims_of(v) for v in value] if isinstance(value, (list, tuple)) else dims_of(value)
 
+    def _batch_norm(self, node, value):
+        """_native_batch_norm_legit_functional: statistics over dims 0, 2, ...;
+        with a padded batch in training they count only the true samples."""
+        dims = self._tensor_dims(node.args[0])
+        if any(_padded(d) for d in dims[1:]):
+            raise NotBucketable("normalizes a padded dim other than the batch")
+        if _padded(dims[0]) and node.args[5]:
+            self.replaced[node.name] = "_batch_norm_training"
+        return [dims] + self._fresh(list(value[1:]))
+
+    def _batch_norm_backward(self, node, value):
+        """native_batch_norm_backward: its weight and bias gradients sum over
+        the batch, and in training its input gradient takes means over it."""
+        dims = self._tensor_dims(node.args[1])
+        if any(_padded(d) for d in dims[1:]):
+            raise NotBucketable("normalizes a padded dim other than the batch")
+        if _padded(dims[0]):
+            if node.args[7]:
+                self.replaced[node.name] = "_batch_norm_training_backward"
+            else:
+                self._mask(node, 0, _ZERO)
+                self._mask(node, 1, _ZERO)
+        return [dims if isinstance(value[0], torch.Tensor) else None] + self._fresh(list(value[1:]))
+
     def _copy_(self, node, value):
         dims = self._tensor_dims(node.args[0])
         if any(_padded(d) for d in dims) and node.args[0].op == "placeholder":
@@ -598,6 +625,8 @@ _RULES: dict[Any, Callable] = {
     aten.native_layer_norm: Plan._layer_norm,
     aten.native_layer_norm_backward: Plan._layer_norm_backward,
     aten.copy_: Plan._copy_,
+    aten._native_batch_norm_legit_functional: Plan._batch_norm,
+    aten.native_batch_norm_backward: Plan._batch_norm_backward,
 }
 _PER_SAMPLE = {
     aten.convolution, aten.convolution_backward, aten.max_pool2d_with_indices,
@@ -720,9 +749,10 @@ class Runner(torch.fx.Interpreter):
         self.valid_cache: dict[Dims, torch.Tensor] = {}
 
     def run_node(self, node: torch.fx.Node) -> Any:
-        masks = self.plan.masks.get(node.name)
+        masks = self.plan.masks.get(node.name, [])
         size_values = self.plan.size_values.get(node.name)
-        if node.op != "call_function" or (masks is None and size_values is None):
+        replaced = self.plan.replaced.get(node.name)
+        if node.op != "call_function" or not (masks or size_values or replaced):
             return super().run_node(node)
         args, kwargs = self.fetch_args_kwargs_from_env(node)
         args = list(args)
@@ -733,8 +763,8 @@ class Runner(torch.fx.Interpreter):
             return node.target.overloadpacket(*args, **kwargs)
         for i, fill in masks:
             args[i] = self._masked(args[i], self.plan.dims[node.args[i].name], fill)
-        if node.name in self.plan.means:
-            return self._mean(node, args, kwargs)
+        if replaced is not None:
+            return getattr(self, replaced)(node, args, kwargs)
         return node.target(*args, **kwargs)
 
     def _true_size(self, size: sympy.Expr) -> torch.Tensor:
@@ -786,6 +816,54 @@ class Runner(torch.fx.Interpreter):
         else:
             value = fill
         return tensor.masked_fill(~self._valid(dims), value)
+
+    def _batch_statistics(self, input_node: torch.fx.Node, x: torch.Tensor) -> tuple:
+        """Where x's samples are true, the dims statistics reduce over, the
+        per-channel shape to broadcast with, and the true count per channel."""
+        valid = self._valid(self.plan.dims[input_node.name])
+        reduced = [0] + list(range(2, x.dim()))
+        channel = [1, x.shape[1]] + [1] * (x.dim() - 2)
+        count = valid.expand(x.shape).sum(reduced).to(torch.float32)
+        return valid, reduced, channel, count
+
+    def _batch_norm_training(self, node: torch.fx.Node, args: list, kwargs: dict) -> tuple:
+        x, weight, bias, running_mean, running_var, _, momentum, eps = args[:8]
+        valid, reduced, channel, count = self._batch_statistics(node.args[0], x)
+        xf = x.to(torch.float32)
+        mean = xf.masked_fill(~valid, 0).sum(reduced) / count
+        centered = (xf - mean.reshape(channel)).masked_fill(~valid, 0)
+        var = (centered * centered).sum(reduced) / count
+        invstd = torch.rsqrt(var + eps)
+        out = (xf - mean.reshape(channel)) * invstd.reshape(channel)
+        if weight is not None:
+            out = out * weight.reshape(channel)
+        if bias is not None:
+            out = out + bias.reshape(channel)
+        # The running variance is unbiased, as PyTorch's.
+        unbiased = var * count / (count - 1)
+        new_mean = running_mean * (1 - momentum) + mean.to(running_mean.dtype) * momentum
+        new_var = running_var * (1 - momentum) + unbiased.to(running_var.dtype) * momentum
+        return out.to(x.dtype), mean, invstd, new_mean, new_var
+
+    def _batch_norm_training_backward(self, node: torch.fx.Node, args: list, kwargs: dict) -> tuple:
+        grad, x, weight, _, _, save_mean, save_invstd, _, _, output_mask = args[:10]
+        valid, reduced, channel, count = self._batch_statistics(node.args[1], x)
+        g = grad.to(torch.float32).masked_fill(~valid, 0)
+        xhat = ((x.to(torch.float32) - save_mean.reshape(channel)) * save_invstd.reshape(channel)).masked_fill(~valid, 0)
+        sum_g = g.sum(reduced)
+        sum_g_xhat = (g * xhat).sum(reduced)
+        grad_input = grad_weight = grad_bias = None
+        if output_mask[0]:
+            scale = save_invstd if weight is None else save_invstd * weight.to(torch.float32)
+            grad_input = scale.reshape(channel) * (
+                g - (sum_g / count).reshape(channel) - xhat * (sum_g_xhat / count).reshape(channel)
+            )
+            grad_input = grad_input.to(x.dtype)
+        if output_mask[1]:
+            grad_weight = sum_g_xhat.to(weight.dtype)
+        if output_mask[2]:
+            grad_bias = sum_g.to(weight.dtype if weight is not None else x.dtype)
+        return grad_input, grad_weight, grad_bias
 
     def _mean(self, node: torch.fx.Node, args: list, kwargs: dict) -> torch.Tensor:
         x = args[0]

@@ -245,6 +245,13 @@ DYNAMIC_CASES = {
         0,
         0,
     ),
+    "cnn with batch norm batch": (
+        small_cnn,
+        lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+        lambda g, n: (torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
+        0,
+        0,
+    ),
     "mlp batch": (
         mlp,
         lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
@@ -262,7 +269,7 @@ def test_training_with_a_dynamic_dim_gives_cpu_losses_and_compiles_once_per_buck
     print(f"{name}: seed {seed}")
     g = torch.Generator().manual_seed(seed)
     batches = [make_batch(g, n) for n in DYNAMIC_SIZES]
-    expected, _ = train("cpu", make_model, make_optimizer, batches, len(batches), seed, False)
+    expected, cpu_model = train("cpu", make_model, make_optimizer, batches, len(batches), seed, False)
 
     torch.manual_seed(seed)
     model = make_model().to(DEVICE)
@@ -282,6 +289,10 @@ def test_training_with_a_dynamic_dim_gives_cpu_losses_and_compiles_once_per_buck
         assert recompiles == (2 if seen and bucket_of(n) not in seen else 0), (n, recompiles)
         seen.add(bucket_of(n))
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=2e-4, atol=1e-5)
+    # Statistics over the batch (BatchNorm's running mean and variance)
+    # count only the true samples.
+    for (buffer, b), (_, c) in zip(model.named_buffers(), cpu_model.named_buffers()):
+        torch.testing.assert_close(b.cpu(), c, rtol=1e-3, atol=1e-5, msg=buffer)
 
 
 def test_a_graph_that_cannot_be_padded_compiles_per_size_and_says_which_op(recwarn):
