@@ -116,15 +116,28 @@ _declared_types: dict[Any, list[str]] = {}
 
 
 def _argument_types(op: torch._ops.OpOverload) -> list[str]:
-    """Each argument's declared type as the schema spells it: its Python
-    binding says `int` where the schema says `SymInt`."""
+    """Each argument's declared type as the schema spells it (`SymInt[2]`
+    read as `SymInt[]`): its Python binding says `int` where the schema says
+    `SymInt`."""
     types = _declared_types.get(op)
     if types is None:
         text = str(op._schema)
         declared = text[text.index("(") + 1 : text.rindex(") ->")]
-        types = [arg.split()[0] for arg in re.split(r",\s*", declared) if arg.strip() not in ("*", "")]
+        # Split at the commas outside brackets (defaults can be lists).
+        arguments, depth, start = [], 0, 0
+        for i, char in enumerate(declared + ","):
+            if char in "[(":
+                depth += 1
+            elif char in "])":
+                depth -= 1
+            elif char == "," and depth == 0:
+                arguments.append(declared[start:i].strip())
+                start = i + 1
+        types = [re.sub(r"\[\d+\]", "[]", arg.split()[0]) for arg in arguments if arg not in ("*", "")]
         _declared_types[op] = types
     return types
+
+
 # Ops that make a tensor from sizes alone: symbolic sizes are shapes there.
 _FACTORIES = {aten.ones, aten.zeros, aten.full, aten.empty, aten.new_ones, aten.new_zeros, aten.new_empty, aten.new_full}
 # Ops whose output has the first input's dims and whose values depend only
