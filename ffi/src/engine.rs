@@ -344,6 +344,13 @@ pub extern "C" fn rtpu_graph_replay(
                 reason.to_string_lossy()
             ))
         })?;
+        // A wrong count is refused before any ref is read.
+        if num_inputs != graph.num_inputs() {
+            return Err(FfiError::invalid(format!(
+                "num_inputs: the graph takes {} inputs, not {num_inputs}",
+                graph.num_inputs()
+            )));
+        }
         // SAFETY: documented as `num_inputs` refs.
         let inputs = unsafe { tensor_args(inputs, num_inputs, "inputs") }?;
         let outputs = graph.replay(&inputs)?;

@@ -117,7 +117,8 @@ int main(void) {
   CHECK(rtpu_engine_mode() == RTPU_MODE_EAGER);
   CHECK_ERROR(rtpu_graph_replay(NULL, &yr, 1, &replayed), INVALID, "graph");
   CHECK_ERROR(rtpu_graph_replay(graph, &yr, 1, NULL), INVALID, "result_out");
-  CHECK_ERROR(rtpu_graph_replay(graph, &yr, 2, &replayed), INVALID, NULL);
+  rtpu_tensor_ref two[2] = {yr, yr};
+  CHECK_ERROR(rtpu_graph_replay(graph, two, 2, &replayed), INVALID, "num_inputs");
   CHECK_ERROR(rtpu_graph_replay(graph, NULL, 1, &replayed), INVALID, "inputs");
   CHECK_ERROR(rtpu_capture_end(rt, &out_ref, 1, "no capture", &graph), INVALID, "capture");
   CHECK_ERROR(rtpu_capture_begin(NULL, &xr, 1), INVALID, "runtime");

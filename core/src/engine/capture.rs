@@ -345,6 +345,11 @@ impl CapturedGraph {
         }
     }
 
+    /// How many inputs a replay takes.
+    pub fn num_inputs(&self) -> usize {
+        self.num_inputs
+    }
+
     /// Runs the graph on `inputs` (the same shapes, dtypes and layouts as at
     /// capture): returns its outputs and writes the inputs it mutates.
     pub fn replay(&self, inputs: &[TensorArg]) -> Result<Vec<Output>> {
