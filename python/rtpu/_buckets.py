@@ -2,7 +2,8 @@
 
 A graph traced with a symbolic size ``s`` (``torch._dynamo.mark_dynamic``, or
 Dynamo's automatic dynamic shapes after a size changed) compiles once per
-bucket, the next power of two >= s, instead of once per size. The inputs are
+bucket, the next power of two >= s (no larger than a static dim the graph
+cuts to s, such as a positions table), instead of once per size. The inputs are
 padded with zeros along the dims that ``s`` sizes, the graph runs at the
 bucket's size, and the outputs are cut back to ``s``.
 
@@ -173,6 +174,8 @@ class Plan:
         self.inputs: list[Any] = []  # per placeholder: Dims, a sympy size, or None
         self.outputs: list[Any] = []  # per output: Dims, a sympy size, or None
         self.symbols: set[sympy.Symbol] = set()
+        # The largest bucket each size may take, where a static dim is cut to it.
+        self.caps: dict[sympy.Symbol, int] = {}
         self._known = known
         for node in gm.graph.nodes:
             try:
@@ -391,17 +394,25 @@ class Plan:
         return self._reshape(dims, _shape(value))
 
     def _slice(self, node, value):
-        dims = list(self._tensor_dims(node.args[0]))
+        dims_before = self._tensor_dims(node.args[0])
+        dims = list(dims_before)
         d = self._arg(node, 1, 0) % len(dims)
         start, end, step = self._arg(node, 2), self._arg(node, 3), self._arg(node, 4, 1)
         size = _shape(value)[d]
         if not _padded(dims[d]):
             if _is_symbolic(start) or step != 1:
                 raise NotBucketable("slices from a dynamic start")
-            # A static dim cut to the dynamic size: valid up to it.
+            # A static dim cut to the dynamic size: valid up to it. The
+            # bucket may not outgrow what the dim holds (a positions table
+            # of 48 sliced to a length of 40 pads to 48, not 64).
             dims[d] = _dim_of_size(size) or ()
             if not dims[d]:
                 raise NotBucketable(f"slices to a size of {size}")
+            if isinstance(size, sympy.Symbol):
+                room = _size(dims_before[d]) - (start or 0)
+                if not room.is_Integer:
+                    raise NotBucketable(f"slices a dim of size {_size(dims_before[d])}")
+                self.caps[size] = min(int(room), self.caps.get(size, int(room)))
             return tuple(dims)
         if start in (None, 0) and step == 1 and size == _size(dims[d]):
             return tuple(dims)
@@ -656,9 +667,9 @@ class Sizes:
     """One call's sizes: each symbol's true size, its bucket's, and the true
     size as a device tensor (an input of the bucket's executable)."""
 
-    def __init__(self, true: dict, size_tensor: Callable[[int], torch.Tensor]) -> None:
+    def __init__(self, plan: "Plan", true: dict, size_tensor: Callable[[int], torch.Tensor]) -> None:
         self.true = true
-        self.bucket = {s: bucket_size(v) for s, v in true.items()}
+        self.bucket = {s: min(bucket_size(v), plan.caps.get(s, bucket_size(v))) for s, v in true.items()}
         self.tensors = {s: size_tensor(v) for s, v in sorted(true.items(), key=lambda item: str(item[0]))}
 
     def extent(self, atom: sympy.Expr, padded: bool = True) -> int:

@@ -127,7 +127,7 @@ class _Graph:
             args = self.host_part(args)
         plan = self.bucket_plan()
         if plan is not None:
-            sizes = _buckets.Sizes(_buckets.true_sizes(plan, args), self._size_tensor)
+            sizes = _buckets.Sizes(plan, _buckets.true_sizes(plan, args), self._size_tensor)
             padded = _buckets.pad_inputs(plan, args, sizes)
             run = _buckets.Runner(self.gm, plan, sizes).run
             outputs = self._run(padded, run, list(sizes.tensors.values()))

@@ -305,6 +305,37 @@ def test_training_with_a_dynamic_dim_gives_cpu_losses_and_compiles_once_per_buck
         torch.testing.assert_close(b.cpu(), c, rtol=1e-3, atol=1e-5, msg=buffer)
 
 
+class SlicedPositions(torch.nn.Module):
+    """Slices a table of 24 positions to the length, as nanoGPT slices its
+    causal mask: a length of 20 pads to 24, not 32, and shares 24's bucket."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("positions", torch.randn(24, 8))
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(x + self.positions[: x.shape[1]]).softmax(1)
+
+
+def test_a_bucket_never_outgrows_a_buffer_the_length_slices():
+    torch.manual_seed(0)
+    cpu_model = SlicedPositions()
+    model = SlicedPositions().to(DEVICE)
+    model.load_state_dict(cpu_model.state_dict())
+    compiled = torch.compile(model, backend="tpu")
+    recompiles = []
+    for length in (20, 13, 24, 22, 9):
+        x = torch.randn(2, length, 8)
+        xt = x.to(DEVICE)
+        torch._dynamo.mark_dynamic(xt, 1)
+        before = rtpu.metrics()["recompiles"]
+        torch.testing.assert_close(compiled(xt).cpu(), cpu_model(x), rtol=1e-5, atol=1e-6)
+        recompiles.append(rtpu.metrics()["recompiles"] - before)
+    # Buckets: 24 (capped from 32), 16, 24, 24, 16.
+    assert recompiles == [0, 1, 0, 0, 0], recompiles
+
+
 def test_a_graph_that_cannot_be_padded_compiles_per_size_and_says_which_op(recwarn):
     def last_position(x):
         return x[:, -1] * 2  # reads a position that padding moves
