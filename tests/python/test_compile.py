@@ -229,13 +229,14 @@ class MeanPooled(torch.nn.Module):
 
 
 DYNAMIC_CASES = {
-    # (model, optimizer, batch of a size, dynamic dim of x, of y)
+    # (model, optimizer, batch of a size, dynamic dim of x, of y, loss tolerances)
     "gpt sequence length": (
         GPT,
         lambda ps: torch.optim.AdamW(ps, lr=3e-3),
         lambda g, n: (lambda t: (t[:, :-1], t[:, 1:]))(torch.randint(0, 64, (4, n + 1), generator=g)),
         1,
         1,
+        CASES["gpt"][3],
     ),
     "mean-pooled sequence length": (
         MeanPooled,
@@ -243,6 +244,7 @@ DYNAMIC_CASES = {
         lambda g, n: (torch.randint(0, 64, (4, n), generator=g), torch.randint(0, 5, (4,), generator=g)),
         1,
         None,
+        (2e-4, 1e-5),
     ),
     "cnn batch": (
         lambda: torch.nn.Sequential(
@@ -254,6 +256,7 @@ DYNAMIC_CASES = {
         lambda g, n: (torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 10, (n,), generator=g)),
         0,
         0,
+        CASES["cnn"][3],
     ),
     "cnn with batch norm batch": (
         small_cnn,
@@ -261,6 +264,7 @@ DYNAMIC_CASES = {
         lambda g, n: (torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
         0,
         0,
+        CASES["cnn"][3],
     ),
     "mlp batch": (
         mlp,
@@ -268,13 +272,15 @@ DYNAMIC_CASES = {
         lambda g, n: (torch.randn(n, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
         0,
         0,
+        # Padded reductions may sum in another order than unpadded ones.
+        (2e-4, 1e-5),
     ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(DYNAMIC_CASES))
 def test_training_with_a_dynamic_dim_gives_cpu_losses_and_compiles_once_per_bucket(name):
-    make_model, make_optimizer, make_batch, x_dim, y_dim = DYNAMIC_CASES[name]
+    make_model, make_optimizer, make_batch, x_dim, y_dim, (rtol, atol) = DYNAMIC_CASES[name]
     seed = torch.seed() % 2**31
     print(f"{name}: seed {seed}")
     g = torch.Generator().manual_seed(seed)
@@ -298,7 +304,7 @@ def test_training_with_a_dynamic_dim_gives_cpu_losses_and_compiles_once_per_buck
         # any size of a bucket met before compiles nothing.
         assert recompiles == (2 if seen and bucket_of(n) not in seen else 0), (n, recompiles)
         seen.add(bucket_of(n))
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=2e-4, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=rtol, atol=atol)
     # Statistics over the batch (BatchNorm's running mean and variance)
     # count only the true samples.
     for (buffer, b), (_, c) in zip(model.named_buffers(), cpu_model.named_buffers()):
