@@ -55,7 +55,7 @@ def bucket_size(size: int) -> int:
 
 
 def _expr(size: Any) -> sympy.Expr:
-    if isinstance(size, torch.SymInt):
+    if isinstance(size, (torch.SymInt, torch.SymFloat)):
         return size.node.expr
     return sympy.Integer(size)
 
@@ -105,11 +105,14 @@ def _is_symbolic(value: Any) -> bool:
 
 
 def _on_device_as_is(size: sympy.Expr) -> bool:
-    """Whether a size expression is sums and products of sizes and integers,
-    which the device computes from the true sizes."""
-    if isinstance(size, (sympy.Symbol, sympy.Integer)):
+    """Whether a size expression is built of sizes and numbers by sums,
+    products, float conversions and divisions (a variance's gradient scales
+    by 2 / (s - 1)), which the device computes from the true sizes."""
+    if isinstance(size, (sympy.Symbol, sympy.Number)):
         return True
-    return isinstance(size, (sympy.Mul, sympy.Add)) and all(_on_device_as_is(a) for a in size.args)
+    if isinstance(size, (sympy.Mul, sympy.Add)) or type(size).__name__ in ("ToFloat", "FloatTrueDiv"):
+        return all(_on_device_as_is(a) for a in size.args)
+    return False
 
 
 _SIZE_TYPES = {"SymInt", "SymInt?", "SymInt[]", "SymInt[]?"}
@@ -258,6 +261,7 @@ class Plan:
                 and i < len(node.args)
                 and torch.Tag.pointwise in node.target.tags
                 and _on_device_as_is(_expr(value.meta["val"]))
+                and _expr(value.meta["val"]).free_symbols <= self.symbols
             ):
                 self.size_values.setdefault(node.name, []).append((i, _expr(value.meta["val"])))
                 continue
@@ -472,6 +476,15 @@ class Plan:
             self.replaced[node.name] = "_mean"
         return out
 
+    def _var(self, node, value):
+        """var/std.correction: with a padded dim reduced, the mean and the
+        count are over the true positions only."""
+        out = self._reduced(node, value, self._arg(node, 1), node.kwargs.get("keepdim", False), _ZERO)
+        if node.name in self.masks:
+            del self.masks[node.name]  # the replacement masks its own way
+            self.replaced[node.name] = "_var"
+        return out
+
     def _amax(self, node, value):
         return self._reduced(node, value, self._arg(node, 1, []), self._arg(node, 2, False), _LOWEST)
 
@@ -632,6 +645,8 @@ _RULES: dict[Any, Callable] = {
     aten.arange: Plan._arange,
     aten.sum: Plan._sum,
     aten.mean: Plan._mean,
+    aten.var: Plan._var,
+    aten.std: Plan._var,
     aten.amax: Plan._amax,
     aten.amin: Plan._amin,
     aten._softmax: Plan._softmax,
@@ -791,14 +806,21 @@ class Runner(torch.fx.Interpreter):
             return getattr(self, replaced)(node, args, kwargs)
         return node.target(*args, **kwargs)
 
-    def _true_size(self, size: sympy.Expr) -> torch.Tensor:
+    def _true_size(self, size: sympy.Expr) -> Any:
         """A size expression's true value, computed on the device from the
-        true sizes (executable inputs)."""
+        true sizes (executable inputs); numbers stay Python numbers."""
         if isinstance(size, sympy.Symbol):
             return self.sizes.tensors[size]
         if size.is_Integer:
-            return torch.tensor(int(size))  # a wrapped number: folds into the op
+            return int(size)
+        if size.is_Number:
+            return float(size)
         terms = [self._true_size(arg) for arg in size.args]
+        kind = type(size).__name__
+        if kind == "ToFloat":
+            return terms[0].to(torch.float32) if isinstance(terms[0], torch.Tensor) else float(terms[0])
+        if kind == "FloatTrueDiv":
+            return terms[0] / terms[1]
         combine = operator.mul if isinstance(size, sympy.Mul) else operator.add
         result = terms[0]
         for term in terms[1:]:
@@ -888,6 +910,21 @@ class Runner(torch.fx.Interpreter):
         if output_mask[2]:
             grad_bias = sum_g.to(weight.dtype if weight is not None else x.dtype)
         return grad_input, grad_weight, grad_bias
+
+    def _var(self, node: torch.fx.Node, args: list, kwargs: dict) -> torch.Tensor:
+        x = args[0]
+        reduced = args[1] if len(args) > 1 and args[1] not in (None, []) else list(range(x.dim()))
+        keepdim = kwargs.get("keepdim", False)
+        correction = kwargs.get("correction")
+        correction = 1 if correction is None else correction
+        valid = self._valid(self.plan.dims[node.args[0].name])
+        count = valid.expand(x.shape).sum(reduced, keepdim=True).to(x.dtype)
+        mean = x.masked_fill(~valid, 0).sum(reduced, keepdim=True) / count
+        deviation = (x - mean).masked_fill(~valid, 0)
+        var = (deviation * deviation).sum(reduced, keepdim=True) / (count - correction)
+        if not keepdim:
+            var = var.squeeze(reduced)
+        return var.sqrt() if node.target.overloadpacket is aten.std else var
 
     def _mean(self, node: torch.fx.Node, args: list, kwargs: dict) -> torch.Tensor:
         x = args[0]

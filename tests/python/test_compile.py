@@ -311,6 +311,30 @@ def test_training_with_a_dynamic_dim_gives_cpu_losses_and_compiles_once_per_buck
         torch.testing.assert_close(b.cpu(), c, rtol=1e-3, atol=1e-5, msg=buffer)
 
 
+def test_statistics_over_a_dynamic_dim_count_only_the_true_positions():
+    # var and std divide by the true count; their gradients scale by
+    # 2 / (n - 1), a float computed from the true size on the device.
+    def statistics(x):
+        return (x.var(1) * 3).sum() + x.std(1, keepdim=True).sum() + x.var(1, correction=0).sum() + x.mean(1).square().sum()
+
+    compiled = torch.compile(statistics, backend="tpu")
+    seen = set()
+    for n in DYNAMIC_SIZES:
+        x = torch.randn(3, n)
+        xt = x.to(DEVICE).requires_grad_()
+        torch._dynamo.mark_dynamic(xt, 1)
+        before = rtpu.metrics()["recompiles"]
+        out = compiled(xt)
+        out.backward()
+        assert rtpu.metrics()["recompiles"] - before == (2 if seen and bucket_of(n) not in seen else 0), n
+        seen.add(bucket_of(n))
+        xc = x.clone().requires_grad_()
+        expected = statistics(xc)
+        expected.backward()
+        torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-5)
+
+
 class SlicedPositions(torch.nn.Module):
     """Slices a table of 24 positions to the length, as nanoGPT slices its
     causal mask: a length of 20 pads to 24, not 32, and shares 24's bucket."""
