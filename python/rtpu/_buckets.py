@@ -254,8 +254,8 @@ class Plan:
             value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
             if not _is_symbolic(value):
                 continue
-            if packet is aten.arange and arg.name in ("start", "end"):
-                continue
+            if packet is aten.arange and arg.name == "end":
+                continue  # arange(s): the true positions hold the same values
             if (
                 types[i] == "Scalar"
                 and i < len(node.args)
@@ -427,6 +427,8 @@ class Plan:
         d = node.args[1] % len(dims)
         if _padded(dims[d]):
             raise NotBucketable("selects from a padded dim")
+        if _is_symbolic(node.args[2]):
+            raise NotBucketable("selects at an index computed from a dynamic size")
         del dims[d]
         return tuple(dims)
 
@@ -435,6 +437,8 @@ class Plan:
         d = self._arg(node, 2, 0) % len(dims)
         if _padded(dims[d]):
             raise NotBucketable("splits a padded dim")
+        if _is_symbolic(node.args[1]):
+            raise NotBucketable("splits at sizes computed from a dynamic size")
         return [tuple(dim if i != d else (_shape(v)[d],) for i, dim in enumerate(dims)) for v in value]
 
     def _cat(self, node, value):

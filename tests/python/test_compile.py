@@ -366,19 +366,31 @@ def test_a_bucket_never_outgrows_a_buffer_the_length_slices():
     assert recompiles == [0, 1, 0, 0, 0], recompiles
 
 
-def test_a_graph_that_cannot_be_padded_compiles_per_size_and_says_which_op(recwarn):
-    def last_position(x):
-        return x[:, -1] * 2  # reads a position that padding moves
+TABLE = torch.randn(40, 3)
 
-    compiled = torch.compile(last_position, backend="tpu")
+
+def last_position(x):
+    return x[:, -1] * 2  # reads a position that padding moves
+
+
+def row_at_length(x):
+    return x.sum(1, keepdim=True) * TABLE.to(x.device)[x.shape[1] - 1]  # the size as an index
+
+
+@pytest.mark.parametrize(
+    "fn, refusal",
+    [(last_position, r"aten\.select\.int selects from a padded dim"), (row_at_length, r"aten\.select\.int selects at an index computed from a dynamic size")],
+)
+def test_a_graph_that_cannot_be_padded_compiles_per_size_and_says_which_op(recwarn, fn, refusal):
+    compiled = torch.compile(fn, backend="tpu")
     for length in (8, 12, 5):
         x = torch.randn(3, length)
         xt = x.to(DEVICE)
         torch._dynamo.mark_dynamic(xt, 1)
-        torch.testing.assert_close(compiled(xt).cpu(), last_position(x))
+        torch.testing.assert_close(compiled(xt).cpu(), fn(x), rtol=1e-5, atol=1e-5)
     messages = [str(w.message) for w in recwarn if "not bucketed" in str(w.message)]
     assert len(messages) == 1, [str(w.message) for w in recwarn]
-    assert re.search(r"aten\.select\.int selects from a padded dim \(File .*test_compile\.py\", line \d+", messages[0]), messages[0]
+    assert re.search(refusal + r" \(File .*test_compile\.py\", line \d+", messages[0]), messages[0]
 
 
 def test_compiled_graphs_called_inside_a_step_join_its_one_program():
