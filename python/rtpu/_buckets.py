@@ -144,9 +144,9 @@ def _argument_types(op: torch._ops.OpOverload) -> list[str]:
 
 # Ops that make a tensor from sizes alone: symbolic sizes are shapes there.
 _FACTORIES = {aten.ones, aten.zeros, aten.full, aten.empty, aten.new_ones, aten.new_zeros, aten.new_empty, aten.new_full}
-# Ops whose output has the first input's dims and whose values depend only
-# on the position (or nothing): padding never reaches a valid position.
-_SAME_DIMS = {aten.clone, aten._to_copy, aten.detach, aten.alias, aten.contiguous, aten.lift_fresh_copy, aten.tril, aten.triu}
+# Ops whose output is their first input's values, unchanged in place:
+# padding never reaches a valid position.
+_SAME_DIMS = {aten.clone, aten._to_copy, aten.detach, aten.alias, aten.contiguous, aten.lift_fresh_copy}
 _RESHAPES = {aten.view, aten._unsafe_view, aten.reshape}
 # Fill values by name, resolved against the masked tensor's dtype.
 _ZERO, _LOWEST, _HIGHEST = "zero", "lowest", "highest"
@@ -422,6 +422,14 @@ class Plan:
             return tuple(dims)
         raise NotBucketable("slices part of a padded dim")
 
+    def _triangle(self, node, value):
+        """tril/triu keep position (i, j) by i and j alone: right where each
+        padded dim is one factor, with the padding at its end."""
+        dims = self._tensor_dims(node.args[0])
+        if any(_padded(d) and len(d) > 1 for d in dims[-2:]):
+            raise NotBucketable("keeps a triangle of merged padded dims")
+        return dims
+
     def _select(self, node, value):
         dims = list(self._tensor_dims(node.args[0]))
         d = node.args[1] % len(dims)
@@ -643,6 +651,8 @@ _RULES: dict[Any, Callable] = {
     aten.squeeze: Plan._squeeze,
     aten.slice: Plan._slice,
     aten.select: Plan._select,
+    aten.tril: Plan._triangle,
+    aten.triu: Plan._triangle,
     aten.split: Plan._split,
     aten.split_with_sizes: Plan._split,
     aten.cat: Plan._cat,
