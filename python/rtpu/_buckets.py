@@ -545,6 +545,8 @@ class Plan:
         return self._tensor_dims(node.args[1]) + ((_shape(value)[-1],),)
 
     def _embedding_backward(self, node, value):
+        if self._arg(node, 4, False):
+            raise NotBucketable("scales by index counts, which the padding would change")
         self._mask(node, 0, _ZERO)
         self._mask(node, 1, _ZERO)
         return self._fresh(value)
