@@ -129,7 +129,12 @@ class _Graph:
         if plan is not None:
             sizes = _buckets.Sizes(plan, _buckets.true_sizes(plan, args), self._size_tensor)
             padded = _buckets.pad_inputs(plan, args, sizes)
-            run = _buckets.Runner(self.gm, plan, sizes).run
+
+            def run(*padded_args: Any) -> Any:
+                # Only a capture (or an op-by-op graph) runs the ops: a
+                # replay never builds the interpreter.
+                return _buckets.Runner(self.gm, plan, sizes).run(*padded_args)
+
             outputs = self._run(padded, run, list(sizes.tensors.values()))
             keep = self.pair.saved_padded if self.name == "forward" else set()
             return _buckets.cut_outputs(plan, outputs, sizes, keep)
