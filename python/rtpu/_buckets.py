@@ -68,6 +68,11 @@ def _padded(dim: Dim) -> bool:
     return any(isinstance(atom, sympy.Symbol) for atom in dim)
 
 
+def _any_padded(dims: Any) -> bool:
+    """Whether a value's dims (None for a non-tensor) have a padded one."""
+    return isinstance(dims, tuple) and any(_padded(d) for d in dims)
+
+
 def _size(dim: Dim) -> sympy.Expr:
     return sympy.Mul(*dim)
 
@@ -280,7 +285,7 @@ class Plan:
     def _mask(self, node: torch.fx.Node, i: int, fill: Any) -> None:
         if i >= len(node.args) or self._tensor_dims(node.args[i]) is None:
             raise NotBucketable(f"argument {i} is not a tensor passed by position")
-        if any(_padded(d) for d in self._tensor_dims(node.args[i])):
+        if _any_padded(self._tensor_dims(node.args[i])):
             self.masks.setdefault(node.name, []).append((i, fill))
 
     def _fresh(self, value: Any) -> Any:
@@ -298,7 +303,7 @@ class Plan:
         packet = node.target.overloadpacket
         value = node.meta.get("val")
         inputs = [self._tensor_dims(a) for a in node.all_input_nodes]
-        padded_inputs = any(d is not None and any(_padded(x) for x in d) for d in inputs)
+        padded_inputs = any(_any_padded(d) for d in inputs)
         rule = _RULES.get(packet)
         if rule is not None:
             return rule(self, node, value)
@@ -534,12 +539,12 @@ class Plan:
     def _addmm(self, node, value):
         out = self._contract(node, 1, 2)
         bias = self._tensor_dims(node.args[0])
-        if any(_padded(d) for d in bias) and bias[-len(out):] != out[-len(bias):]:
+        if _any_padded(bias) and bias[-len(out):] != out[-len(bias):]:
             raise NotBucketable("adds a bias laid out differently")
         return out
 
     def _embedding(self, node, value):
-        if any(_padded(d) for d in self._tensor_dims(node.args[0])):
+        if _any_padded(self._tensor_dims(node.args[0])):
             raise NotBucketable("looks up a padded table")
         self._mask(node, 1, _ZERO)
         return self._tensor_dims(node.args[1]) + ((_shape(value)[-1],),)
@@ -571,7 +576,7 @@ class Plan:
     def _layer_norm(self, node, value):
         dims = self._tensor_dims(node.args[0])
         normalized = len(node.args[1])
-        if any(_padded(d) for d in dims[-normalized:]):
+        if _any_padded(dims[-normalized:]):
             raise NotBucketable("normalizes over a padded dim")
         stats = dims[:-normalized] + ((sympy.Integer(1),),) * normalized
         return [dims, stats, stats]
@@ -579,9 +584,9 @@ class Plan:
     def _layer_norm_backward(self, node, value):
         dims = self._tensor_dims(node.args[1])
         normalized = len(node.args[2])
-        if any(_padded(d) for d in dims[-normalized:]):
+        if _any_padded(dims[-normalized:]):
             raise NotBucketable("normalizes over a padded dim")
-        if any(_padded(d) for d in dims[:-normalized]):
+        if _any_padded(dims[:-normalized]):
             # The weight and bias gradients sum over the padded rows.
             for i in (0, 1, 3, 4):
                 self._mask(node, i, _ZERO)
@@ -594,7 +599,7 @@ class Plan:
         tensors = [(i, self._tensor_dims(a)) for i, a in enumerate(node.args) if self._tensor_dims(a) is not None]
         batch = None
         for i, dims in tensors:
-            if any(_padded(d) for d in dims[1:]):
+            if _any_padded(dims[1:]):
                 raise NotBucketable("works on a padded dim other than the batch")
             if dims and _padded(dims[0]):
                 if batch is not None and dims[0] != batch:
@@ -617,7 +622,7 @@ class Plan:
         """_native_batch_norm_legit_functional: statistics over dims 0, 2, ...;
         with a padded batch in training they count only the true samples."""
         dims = self._tensor_dims(node.args[0])
-        if any(_padded(d) for d in dims[1:]):
+        if _any_padded(dims[1:]):
             raise NotBucketable("normalizes a padded dim other than the batch")
         if _padded(dims[0]) and node.args[5]:
             self.replaced[node.name] = "_batch_norm_training"
@@ -627,7 +632,7 @@ class Plan:
         """native_batch_norm_backward: its weight and bias gradients sum over
         the batch, and in training its input gradient takes means over it."""
         dims = self._tensor_dims(node.args[1])
-        if any(_padded(d) for d in dims[1:]):
+        if _any_padded(dims[1:]):
             raise NotBucketable("normalizes a padded dim other than the batch")
         if _padded(dims[0]):
             if node.args[7]:
@@ -639,7 +644,7 @@ class Plan:
 
     def _copy_(self, node, value):
         dims = self._tensor_dims(node.args[0])
-        if any(_padded(d) for d in dims) and node.args[0].op == "placeholder":
+        if _any_padded(dims) and node.args[0].op == "placeholder":
             raise NotBucketable("writes a padded input")
         return dims
 
@@ -702,6 +707,8 @@ class Sizes:
         self.true = true
         self.bucket = {s: min(bucket_size(v), plan.caps.get(s, bucket_size(v))) for s, v in true.items()}
         self.tensors = {s: size_tensor(v) for s, v in sorted(true.items(), key=lambda item: str(item[0]))}
+        # Whether any size is short of its bucket: if not, nothing is padded or cut.
+        self.padding = self.true != self.bucket
 
     def extent(self, atom: sympy.Expr, padded: bool = True) -> int:
         if isinstance(atom, sympy.Symbol):
@@ -732,7 +739,7 @@ def pad_inputs(plan: Plan, args: tuple, sizes: Sizes) -> list:
     for name, kind, arg in zip(plan.input_names, plan.inputs, args):
         if name in plan.arrive_padded:
             padded.append(arg)
-        elif isinstance(kind, tuple) and any(_padded(d) for d in kind) and sizes.true != sizes.bucket:
+        elif _any_padded(kind) and sizes.padding:
             padded.append(_pad(arg, kind, sizes))
         elif isinstance(kind, sympy.Expr):
             padded.append(sizes.evaluate(kind, padded=True))
@@ -760,7 +767,7 @@ def padded_outputs(plan: Plan, first: int) -> set[str]:
     return {
         name
         for name, kind in zip(plan.output_names[first:], plan.outputs[first:])
-        if isinstance(kind, tuple) and any(_padded(d) for d in kind)
+        if _any_padded(kind)
     }
 
 
@@ -770,7 +777,7 @@ def cut_outputs(plan: Plan, outputs: list, sizes: Sizes, keep_padded: set[str]) 
     for name, kind, out in zip(plan.output_names, plan.outputs, outputs):
         if name in keep_padded:
             cut.append(out)
-        elif isinstance(kind, tuple) and isinstance(out, torch.Tensor) and any(_padded(d) for d in kind) and sizes.true != sizes.bucket:
+        elif isinstance(out, torch.Tensor) and _any_padded(kind) and sizes.padding:
             cut.append(_cut(out, kind, sizes))
         elif isinstance(kind, sympy.Expr):
             cut.append(sizes.evaluate(kind, padded=False))
