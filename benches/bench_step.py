@@ -103,25 +103,14 @@ def train_step(model, optimizer, x, y):
     return loss
 
 
-def run_cpu_eager(name, steps, warmup):
-    torch.manual_seed(0)
-    model, optimizer, (x, y) = MODELS[name]("cpu")
-    times = []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
-        train_step(model, optimizer, x, y)
-        times.append(time.perf_counter() - start)
-    return {"first_step_s": times[0], "median_step_s": statistics.median(times[warmup:])}
-
-
-def run_cpu_aot_eager(name, steps, warmup):
-    """torch.compile with the aot_eager backend on CPU: Dynamo and
-    AOTAutograd tracing with no compiler behind them. Its first step is the
-    least any torch.compile backend can take for this step."""
+def run_cpu(name, steps, warmup, backend=None):
+    """PyTorch on CPU: eager, or under torch.compile with `backend`. With
+    "aot_eager" (Dynamo and AOTAutograd tracing with no compiler behind
+    them) the first step is the least any torch.compile backend can take."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model, optimizer, (x, y) = MODELS[name]("cpu")
-    step = torch.compile(train_step, backend="aot_eager")
+    step = train_step if backend is None else torch.compile(train_step, backend=backend)
     times = []
     for i in range(warmup + steps):
         start = time.perf_counter()
@@ -249,8 +238,8 @@ def main():
         results = {
             "rtpu step": run_rtpu_step(name, args.steps, args.warmup),
             "rtpu compile": run_rtpu_compile(name, args.steps, args.warmup),
-            "cpu eager": run_cpu_eager(name, args.steps, args.warmup),
-            "cpu aot_eager": run_cpu_aot_eager(name, args.steps, args.warmup),
+            "cpu eager": run_cpu(name, args.steps, args.warmup),
+            "cpu aot_eager": run_cpu(name, args.steps, args.warmup, backend="aot_eager"),
         }
         if args.jax_python:
             results["jax jit"] = run_other(args.jax_python, "jax_models.py", name, args.steps, args.warmup)
