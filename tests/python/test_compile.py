@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import rtpu
-from test_models import GPT, image_batches, small_cnn, token_batches
+from test_models import GPT, assert_loss_goes_down, image_batches, small_cnn, token_batches
 from test_step import mlp, mlp_batches
 
 DEVICE = "tpu"
@@ -66,9 +66,7 @@ def test_a_compiled_train_step_gives_cpu_eager_loss_curve_by_replaying(name):
     after = rtpu.metrics()
     cpu_losses, cpu_model = train("cpu", make_model, make_optimizer, batches, steps, seed, compiled=False)
     torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=rtol, atol=atol)
-    # The last pass over the batches has a lower mean loss than the first.
-    cycle = len(batches)
-    assert sum(tpu_losses[-cycle:]) < sum(tpu_losses[:cycle]), f"the loss goes down: {tpu_losses}"
+    assert_loss_goes_down(tpu_losses, len(batches))
     assert after["cpu_fallbacks"] == before["cpu_fallbacks"], "an op fell back to the CPU"
     # Buffers the compiled forward mutates (BatchNorm statistics) match too.
     for (n, b), (_, c) in zip(tpu_model.named_buffers(), cpu_model.named_buffers()):
@@ -154,13 +152,18 @@ def test_graph_breaks_run_the_pieces_and_explain_counts_them():
     assert explanation.graph_break_count == 1
 
 
-@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
-def test_inference_under_no_grad_and_inference_mode(mode):
+def compiled_eval_gpt():
+    """A GPT in eval mode on CPU, and the same weights on tpu, compiled."""
     torch.manual_seed(0)
     cpu_model = GPT().eval()
     model = GPT().eval().to(DEVICE)
     model.load_state_dict(cpu_model.state_dict())
-    compiled = torch.compile(model, backend="tpu")
+    return cpu_model, torch.compile(model, backend="tpu")
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_inference_under_no_grad_and_inference_mode(mode):
+    cpu_model, compiled = compiled_eval_gpt()
     context = torch.no_grad if mode == "no_grad" else torch.inference_mode
     tokens = torch.randint(0, 64, (2, 16))
     with context():
@@ -185,11 +188,7 @@ def bucket_of(size):
 
 
 def test_a_dynamic_sequence_length_compiles_one_graph_per_bucket_and_explains_new_ones(capfd):
-    torch.manual_seed(0)
-    cpu_model = GPT().eval()
-    model = GPT().eval().to(DEVICE)
-    model.load_state_dict(cpu_model.state_dict())
-    compiled = torch.compile(model, backend="tpu")
+    cpu_model, compiled = compiled_eval_gpt()
     rtpu.debug.explain_recompiles()
     try:
         with torch.no_grad():

@@ -59,6 +59,12 @@ class GPT(torch.nn.Module):
         return self.head(self.ln(x))
 
 
+def assert_loss_goes_down(losses, cycle):
+    """The last pass over `cycle` batches has a lower mean loss than the
+    first (single losses of different batches need not be ordered)."""
+    assert sum(losses[-cycle:]) < sum(losses[:cycle]), f"the loss goes down: {losses}"
+
+
 def small_cnn():
     return torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
@@ -123,10 +129,7 @@ def test_loss_curve_matches_cpu_without_fallback(name):
     cpu_losses, cpu_model = train("cpu", make_model, make_optimizer, batches, seed)
     torch.testing.assert_close(tpu_losses[0], cpu_losses[0], rtol=2e-3, atol=1e-5)
     torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=curve_rtol, atol=curve_atol)
-    # The last pass over the batches has a lower mean loss than the first
-    # (single losses of different batches need not be ordered).
-    cycle = len(batches)
-    assert sum(tpu_losses[-cycle:]) < sum(tpu_losses[:cycle]), f"the loss goes down: {tpu_losses}"
+    assert_loss_goes_down(tpu_losses, len(batches))
     # Eval mode (running BatchNorm statistics) agrees too, as closely as the
     # trained weights do.
     tpu_model.eval()
