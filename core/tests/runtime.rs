@@ -98,13 +98,7 @@ module @sum_and_product {
 }
 
 fn all_reduce_across_four_devices(client: &Client) {
-    if client.device_count() < 4 {
-        eprintln!(
-            "skipped: needs 4 devices, the plugin has {}",
-            client.device_count()
-        );
-        return;
-    }
+    common::require_devices(client, 4);
     let program = r#"
 module @all_reduce attributes {mhlo.num_replicas = 4 : i32, mhlo.num_partitions = 1 : i32} {
   func.func public @main(%x: tensor<3xf32>) -> tensor<3xf32> {
@@ -142,13 +136,7 @@ module @all_reduce attributes {mhlo.num_replicas = 4 : i32, mhlo.num_partitions 
 }
 
 fn spmd_partitioned_matches_unpartitioned(client: &Client) {
-    if client.device_count() < 4 {
-        eprintln!(
-            "skipped: needs 4 devices, the plugin has {}",
-            client.device_count()
-        );
-        return;
-    }
+    common::require_devices(client, 4);
     // Rows of `a` are split over 4 partitions; `b` is replicated.
     let body = r#"
     %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<8x4xf32>, tensor<4x4xf32>) -> tensor<8x4xf32>
@@ -403,6 +391,7 @@ fn client_and_devices_describe_themselves(client: &Client) {
     let devices = client.devices();
     assert_eq!(devices.len(), client.device_count());
     let mut ids: Vec<i32> = devices.iter().map(|d| d.id().unwrap()).collect();
+    ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), devices.len(), "device ids are distinct");
     for device in &devices {
@@ -420,15 +409,14 @@ fn client_and_devices_describe_themselves(client: &Client) {
 device_tests!(
     matmul_tanh,
     multi_output,
-    all_reduce_across_four_devices,
-    spmd_partitioned_matches_unpartitioned,
     serialize_round_trip,
     invalid_stablehlo_carries_xla_message,
     wrong_arguments_are_errors,
     every_dtype_round_trips,
     host_data_of_the_wrong_size_is_rejected,
     donation_consumes_only_donated_inputs,
-    client_and_devices_describe_themselves,
+    client_and_devices_describe_themselves;
+    four_devices: all_reduce_across_four_devices, spmd_partitioned_matches_unpartitioned,
 );
 
 #[test]

@@ -134,8 +134,18 @@ fn bad_input_gives_errors_not_crashes() {
         .status()
         .unwrap();
     assert!(status.success(), "compiling the fake plugin failed");
+    // The refusal names both versions: the fake plugin's 99.7 and the one
+    // rtpu was built against, which only the build knows.
+    let (major, minor) = rtpu_core::runtime::RTPU_PJRT_API_VERSION;
+    let built_against = format!("-DRTPU_TEST_BUILT_PJRT_API=\"{major}.{minor}\"");
     let exe = dir.join("bad_input");
-    compile("cc", "-std=c11", "tests/c/bad_input.c", &exe, &[]);
+    compile(
+        "cc",
+        "-std=c11",
+        "tests/c/bad_input.c",
+        &exe,
+        &[&built_against],
+    );
     run(&exe, &[&fake]);
 }
 

@@ -65,7 +65,8 @@ static void opening_bad_plugins(const char *fake_plugin) {
   CHECK_ERROR(rtpu_runtime_open(&args, &rt), RTPU_ERROR_CODE_NOT_FOUND, "xla-cpu-pjrt");
 
   args.plugin_path = fake_plugin;
-  CHECK_ERROR(rtpu_runtime_open(&args, &rt), RTPU_ERROR_CODE_FAILED_PRECONDITION, "99.7");
+  CHECK_ERROR(rtpu_runtime_open(&args, &rt), RTPU_ERROR_CODE_FAILED_PRECONDITION,
+              "implements PJRT C API 99.7, but rtpu was built against " RTPU_TEST_BUILT_PJRT_API ";");
   args.plugin_path = NULL;
 
   rtpu_named_value option = {0};

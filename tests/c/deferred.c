@@ -1,6 +1,8 @@
 /* Deferred execution, flushes, locations, recompile controls, metrics and
  * captured graphs through the C ABI, with bad input for each entry point. */
+#define _POSIX_C_SOURCE 200809L /* dup, dup2, fileno: to read what rtpu prints */
 #include <stdint.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -33,6 +35,84 @@ static rtpu_storage *square(rtpu_runtime *rt, const rtpu_storage *x) {
   CHECK_OK(rtpu_op_result_get(result, 0, &out));
   rtpu_op_result_destroy(result);
   return out.storage;
+}
+
+/* a / b as a new storage (one reference for the caller). */
+static rtpu_storage *divide(rtpu_runtime *rt, const rtpu_storage *a, const rtpu_storage *b) {
+  rtpu_op_arg args[2];
+  memset(args, 0, sizeof args);
+  args[0].tag = args[1].tag = RTPU_ARG_TENSOR;
+  args[0].tensor = vector_of(a);
+  args[1].tensor = vector_of(b);
+  rtpu_op_result *result = NULL;
+  CHECK_OK(rtpu_op_call(rt, find_op("aten::div.Tensor"), args, 2, &result));
+  rtpu_op_output out;
+  memset(&out, 0, sizeof out);
+  out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
+  CHECK_OK(rtpu_op_result_get(result, 0, &out));
+  rtpu_op_result_destroy(result);
+  return out.storage;
+}
+
+/* Records a chain of `depth` divisions by x (a graph of `depth` ops) and
+ * flushes it at one site, returning the flush's result. */
+static rtpu_error *flush_chain(rtpu_runtime *rt, const rtpu_storage *x, int depth) {
+  rtpu_storage *value = divide(rt, x, x);
+  for (int i = 1; i < depth; i++) {
+    rtpu_storage *next = divide(rt, value, x);
+    rtpu_storage_release(value);
+    value = next;
+  }
+  rtpu_error *err = rtpu_engine_flush("deferred.c: recompiles");
+  rtpu_storage_release(value);
+  return err;
+}
+
+/* What `flush_chain` printed to stderr (NUL-terminated into `text`). */
+static void flush_chain_capturing_stderr(rtpu_runtime *rt, const rtpu_storage *x, int depth,
+                                         char *text, size_t size) {
+  fflush(stderr);
+  FILE *capture = tmpfile();
+  CHECK(capture != NULL);
+  const int saved = dup(fileno(stderr));
+  CHECK(saved >= 0 && dup2(fileno(capture), fileno(stderr)) >= 0);
+  rtpu_error *err = flush_chain(rt, x, depth);
+  fflush(stderr);
+  CHECK(dup2(saved, fileno(stderr)) >= 0);
+  close(saved);
+  CHECK_OK(err);
+  rewind(capture);
+  const size_t n = fread(text, 1, size - 1, capture);
+  text[n] = '\0';
+  fclose(capture);
+}
+
+/* The recompile controls, seen through their effects at one flush site: a
+ * limit refuses a second graph there with its explanation, no limit lets it
+ * compile, and explanations reach stderr only when turned on. */
+static void recompile_controls(rtpu_runtime *rt, const rtpu_storage *x) {
+  char printed[4096];
+  rtpu_metrics before, after;
+  memset(&before, 0, sizeof before);
+  before.struct_size = RTPU_METRICS_STRUCT_SIZE;
+  after = before;
+  CHECK_OK(rtpu_engine_set_mode(RTPU_MODE_DEFERRED));
+  rtpu_engine_set_recompile_limit(0);
+  CHECK_OK(flush_chain(rt, x, 1));
+  CHECK_ERROR(flush_chain(rt, x, 2), RTPU_ERROR_CODE_FAILED_PRECONDITION,
+              "past the recompile limit of 0: 2 ops instead of 1; the first new one is aten::div");
+  rtpu_engine_set_recompile_limit(-1);
+  rtpu_engine_set_explain_recompiles(true);
+  CHECK_OK(rtpu_metrics_get(&before));
+  flush_chain_capturing_stderr(rt, x, 2, printed, sizeof printed);
+  CHECK(strstr(printed, "rtpu: recompiling the graph flushed at deferred.c: recompiles") != NULL);
+  CHECK(strstr(printed, "2 ops instead of 1") != NULL);
+  rtpu_engine_set_explain_recompiles(false);
+  flush_chain_capturing_stderr(rt, x, 3, printed, sizeof printed);
+  CHECK(strstr(printed, "recompiling") == NULL);
+  CHECK_OK(rtpu_metrics_get(&after));
+  CHECK(after.recompiles == before.recompiles + 2);
+  CHECK_OK(rtpu_engine_set_mode(RTPU_MODE_EAGER));
 }
 
 static void check_values(const rtpu_storage *s, const float *want) {
@@ -80,9 +160,7 @@ int main(void) {
   check_values(z, fourth);
   rtpu_storage_release(z);
   CHECK_OK(rtpu_engine_set_mode(RTPU_MODE_EAGER));
-  rtpu_engine_set_explain_recompiles(false);
-  rtpu_engine_set_recompile_limit(3);
-  rtpu_engine_set_recompile_limit(-1);
+  recompile_controls(rt, x);
 
   /* A v0-sized metrics struct gets the v0 fields only. */
   unsigned char small[48 + 8];

@@ -4,11 +4,15 @@ import os
 import subprocess
 import sys
 
+import pytest
 
-def run(code: str, **env: str) -> subprocess.CompletedProcess:
+
+def run(code: str, unset: tuple = (), **env: str) -> subprocess.CompletedProcess:
+    """Runs `code` in a new Python with this environment, less `unset`, plus `env`."""
+    inherited = {k: v for k, v in os.environ.items() if k not in unset}
     return subprocess.run(
         [sys.executable, "-c", code],
-        env={**os.environ, **env},
+        env={**inherited, **env},
         capture_output=True,
         text=True,
         timeout=300,
@@ -39,3 +43,32 @@ def test_autoload_can_be_disabled():
     assert result.returncode == 0, result.stderr
     assert "False False" in result.stdout
     assert "no tpu device" in result.stdout
+
+
+def test_pjrt_device_chooses_the_plugin_when_rtpu_plugin_is_unset():
+    import rtpu._plugin as plugin
+
+    cpu = plugin.plugin_path("CPU")
+    code = "import os, torch\nprint(os.environ['RTPU_PLUGIN'])\nprint((torch.ones(2, device='tpu') + 1).cpu())\n"
+    # (importing rtpu here set RTPU_PLUGIN, which would win)
+    chosen = run(code, unset=("RTPU_PLUGIN",), PJRT_DEVICE="cpu")
+    assert chosen.returncode == 0, chosen.stderr
+    assert chosen.stdout.splitlines()[0] == cpu and "tensor([2., 2.])" in chosen.stdout
+    # A kind rtpu does not know warns and falls back to the default choice.
+    unknown = run(code, unset=("RTPU_PLUGIN",), PJRT_DEVICE="QPU")
+    assert unknown.returncode == 0, unknown.stderr
+    assert "PJRT_DEVICE=QPU is not one of CPU, TPU, CUDA; ignoring it" in unknown.stderr
+    assert unknown.stdout.splitlines()[0] == cpu
+
+
+def test_pjrt_device_naming_a_missing_plugin_says_how_to_install_it(monkeypatch):
+    import rtpu._plugin as plugin
+
+    missing = [kind for kind in plugin.PLUGINS if plugin.plugin_path(kind) is None]
+    if not missing:
+        pytest.skip("every plugin kind is installed here")
+    kind = missing[0]
+    monkeypatch.delenv("RTPU_PLUGIN", raising=False)
+    monkeypatch.setenv("PJRT_DEVICE", kind)
+    with pytest.warns(UserWarning, match=rf"PJRT_DEVICE={kind} but its plugin is not installed \({plugin.PLUGINS[kind][2]}\)"):
+        assert plugin.resolve() is None

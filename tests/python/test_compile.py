@@ -412,3 +412,31 @@ def test_compiled_graphs_called_inside_a_step_join_its_one_program():
     # which ran as one program, compiled once.
     assert after["graph_executions"] - before["graph_executions"] == 3
     assert after["executables_compiled"] == before["executables_compiled"]
+
+
+def test_a_graph_with_a_cpu_fallback_runs_op_by_op_and_says_so():
+    from test_fallback import CANDIDATES, runs_natively
+
+    # The last candidate: test_fallback needs the first one's once-per-process
+    # warning still unsaid.
+    fallbacks = [(op, fn) for op, fn in CANDIDATES if not runs_natively(op)]
+    assert len(fallbacks) >= 2, "add ops the core does not implement to test_fallback.CANDIDATES"
+    _, fallback = fallbacks[-1]
+    compiled = torch.compile(lambda t: fallback(t * 2, 0) + 1, backend="tpu")
+    x = torch.randn(3, 5)
+    # The fallback reads the op's inputs on the host, which is what stops the
+    # capture first.
+    reason = "an op read tensor values on the host"
+    with pytest.warns(UserWarning, match=f"the inference graph compiled by torch.compile runs op by op: {reason}"):
+        first = compiled(x.to(DEVICE))
+    torch.testing.assert_close(first.cpu(), fallback(x * 2, 0) + 1)
+    before = rtpu.metrics()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        second = compiled(x.to(DEVICE))
+    after = rtpu.metrics()
+    assert not [str(w.message) for w in caught if "rtpu" in str(w.message)]  # warned once
+    # Each call runs the graph's ops one by one (no replay).
+    assert after["ops_run"] - before["ops_run"] >= 2
+    assert after["graph_executions"] == before["graph_executions"]
+    torch.testing.assert_close(second.cpu(), first.cpu())

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+import rtpu
+
 
 def test_backend_is_registered_as_the_accelerator():
     assert torch._C._get_privateuse1_backend_name() == "tpu"
@@ -44,11 +46,31 @@ def test_bad_device_index_is_a_clear_error():
     assert torch.tpu.current_device() == 0
 
 
-def test_synchronize_and_empty_cache():
-    torch.ones(3, device="tpu").add_(1)
-    torch.tpu.synchronize()
-    torch.tpu.synchronize("tpu:0")
+def test_synchronize_runs_what_is_pending():
+    x = torch.ones(3, device="tpu")
+    torch.tpu.set_execution_mode("deferred")
+    try:
+        for device in (None, "tpu:0", 0):
+            executions = rtpu.metrics()["graph_executions"]
+            x.add_(1)
+            assert rtpu.metrics()["graph_executions"] == executions  # recorded, not run
+            torch.tpu.synchronize(device)
+            assert rtpu.metrics()["graph_executions"] == executions + 1
+        assert torch.tpu.get_execution_mode() == "deferred"
+    finally:
+        torch.tpu.set_execution_mode("eager")
+    torch.testing.assert_close(x.cpu(), torch.full((3,), 4.0))
+
+
+def test_empty_cache_keeps_live_tensors_and_freed_memory_is_returned_at_once():
+    before = torch.tpu.memory_allocated()
+    kept = torch.arange(1000, dtype=torch.float32, device="tpu")
+    freed = torch.empty(1000, dtype=torch.float32, device="tpu")
+    del freed  # returned without empty_cache: rtpu keeps no cache
+    assert torch.tpu.memory_allocated() == before + 4000
     torch.tpu.empty_cache()
+    assert torch.tpu.memory_allocated() == torch.tpu.memory_reserved() == before + 4000
+    torch.testing.assert_close(kept.cpu(), torch.arange(1000, dtype=torch.float32))
 
 
 def test_memory_stats_follow_storages():

@@ -50,10 +50,47 @@ def test_cpu_fallback_warns_once_counts_and_is_right():
     assert fallback_count(op) == before + 2
 
 
-def test_metrics_shape():
-    torch.ones(2, device="tpu").add_(1)
-    m = rtpu.metrics()
-    for key in ("ops_run", "executables_compiled", "cache_hits", "host_to_device_bytes", "device_to_host_bytes"):
-        assert isinstance(m[key], int) and m[key] >= 0
-    assert m["ops_run"] >= 1
-    assert isinstance(m["cpu_fallbacks"], dict)
+def metric_deltas(run):
+    """How much each counter of `rtpu.metrics()` moved over `run()`."""
+    before = rtpu.metrics()
+    run()
+    after = rtpu.metrics()
+    return {k: after[k] - before[k] for k in after if k != "cpu_fallbacks"}
+
+
+def test_metrics_count_exactly_what_ran():
+    n = 4099  # a size no other test uses, so its ops compile here
+    x = torch.randn(n)
+    values = {}
+
+    def upload():
+        values["t"] = x.to("tpu")
+
+    def multiply():
+        values["u"] = values["t"] * values["t"]
+
+    def read():
+        values["host"] = values["u"].cpu()
+
+    def step():
+        with rtpu.step():
+            values["v"] = values["u"] * values["t"] + values["t"]
+
+    d = metric_deltas(upload)
+    assert (d["host_to_device_bytes"], d["device_to_host_bytes"], d["ops_run"]) == (4 * n, 0, 0), d
+    assert d["live_buffers"] == 1, d
+    d = metric_deltas(multiply)
+    assert (d["ops_run"], d["executables_compiled"], d["cache_hits"], d["graph_executions"]) == (1, 1, 0, 0), d
+    assert d["compile_ns"] > 0 and d["execute_ns"] > 0, d
+    assert d["host_to_device_bytes"] == 0 and d["live_buffers"] == 1, d
+    d = metric_deltas(multiply)  # the same op again: the cached executable
+    assert (d["ops_run"], d["executables_compiled"], d["cache_hits"], d["compile_ns"]) == (1, 0, 1, 0), d
+    assert d["execute_ns"] > 0, d
+    d = metric_deltas(read)
+    assert (d["device_to_host_bytes"], d["host_to_device_bytes"]) == (4 * n, 0), d
+    assert d["wait_ns"] > 0, d
+    torch.testing.assert_close(values["host"], x * x)
+    d = metric_deltas(step)
+    assert (d["ops_recorded"], d["ops_run"], d["graph_executions"], d["executables_compiled"]) == (2, 0, 1, 1), d
+    assert d["record_ns"] > 0 and d["compile_ns"] > 0 and d["execute_ns"] > 0, d
+    torch.testing.assert_close(values["v"].cpu(), x * x * x + x)

@@ -14,7 +14,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
@@ -148,22 +148,46 @@ struct DiskEntry {
     path: PathBuf,
 }
 
-impl DiskEntry {
-    fn new(client: &Client, options: &CompileOptions, text: &str) -> Option<DiskEntry> {
-        let dir = cache_dir()?;
-        let mut key = Vec::new();
+/// Everything a disk-cache entry's name is derived from: an executable is
+/// reused only when all of it matches (a new rtpu, plugin, plugin build or
+/// compile option must miss, not load a stale executable).
+#[derive(Hash)]
+struct DiskKey<'a> {
+    rtpu_version: &'a str,
+    plugin: &'a Path,
+    platform_version: &'a str,
+    options: &'a CompileOptions,
+    text: &'a str,
+}
+
+impl DiskKey<'_> {
+    /// 128 bits from two seeded 64-bit hashes, as hex.
+    fn file_name(&self) -> String {
+        let mut name = String::with_capacity(32 + 4);
         for seed in [0u8, 1u8] {
             let mut h = DefaultHasher::new();
             seed.hash(&mut h);
-            env!("CARGO_PKG_VERSION").hash(&mut h);
-            client.plugin().path().hash(&mut h);
-            client.platform_version().unwrap_or_default().hash(&mut h);
-            options.hash(&mut h);
-            text.hash(&mut h);
-            key.push(format!("{:016x}", h.finish()));
+            self.hash(&mut h);
+            name.push_str(&format!("{:016x}", h.finish()));
         }
+        name.push_str(".xla");
+        name
+    }
+}
+
+impl DiskEntry {
+    fn new(client: &Client, options: &CompileOptions, text: &str) -> Option<DiskEntry> {
+        let dir = cache_dir()?;
+        let platform_version = client.platform_version().unwrap_or_default();
+        let key = DiskKey {
+            rtpu_version: env!("CARGO_PKG_VERSION"),
+            plugin: client.plugin().path(),
+            platform_version: &platform_version,
+            options,
+            text,
+        };
         Some(DiskEntry {
-            path: dir.join(format!("{}.xla", key.concat())),
+            path: dir.join(key.file_name()),
         })
     }
 
@@ -394,4 +418,59 @@ fn explain(old: &Summary, new: &Summary) -> String {
         text.push_str(&format!("; and {more} more differences"));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_part_of_the_disk_key_changes_the_entry() {
+        let options = CompileOptions::default();
+        let spmd = CompileOptions {
+            num_partitions: 4,
+            use_spmd_partitioning: true,
+            ..CompileOptions::default()
+        };
+        let base = DiskKey {
+            rtpu_version: "2.11.0",
+            plugin: Path::new("/plugins/xla_cpu_pjrt.so"),
+            platform_version: "cpu 0.81",
+            options: &options,
+            text: "module @m {}",
+        };
+        let variants = [
+            DiskKey {
+                rtpu_version: "2.11.1",
+                ..base
+            },
+            DiskKey {
+                plugin: Path::new("/plugins/other.so"),
+                ..base
+            },
+            DiskKey {
+                platform_version: "cpu 0.82",
+                ..base
+            },
+            DiskKey {
+                options: &spmd,
+                ..base
+            },
+            DiskKey {
+                text: "module @n {}",
+                ..base
+            },
+        ];
+        let mut names: Vec<String> = variants.iter().map(DiskKey::file_name).collect();
+        names.push(base.file_name());
+        assert_eq!(
+            base.file_name(),
+            base.file_name(),
+            "the name is deterministic"
+        );
+        let count = names.len();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), count, "each changed part gives another entry");
+    }
 }

@@ -1308,19 +1308,17 @@ impl<'a> Builder<'a> {
             });
         }
         let args: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
-        let mut results = exe
-            .execute(
-                &[&args],
-                // Later reads wait for the values; the host goes on meanwhile.
-                &ExecuteOptions {
-                    donate: Vec::new(),
-                    asynchronous: true,
-                },
-            )?
-            .into_iter()
-            .next()
-            .unwrap_or_default()
-            .into_iter();
+        let start = Instant::now();
+        let launched = exe.execute(
+            &[&args],
+            // Later reads wait for the values; the host goes on meanwhile.
+            &ExecuteOptions {
+                donate: Vec::new(),
+                asynchronous: true,
+            },
+        );
+        EXECUTE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let mut results = launched?.into_iter().next().unwrap_or_default().into_iter();
 
         let mut outputs = Vec::with_capacity(self.outputs.len());
         for out in &self.outputs {

@@ -51,35 +51,55 @@ pub fn cpu_client() -> &'static Client {
     })
 }
 
-/// A GPU client when `RTPU_TEST_GPU_PLUGIN` names a plugin (e.g. jax-cuda13-pjrt's).
-pub fn gpu_client() -> Option<&'static Client> {
-    static CLIENT: OnceLock<Option<Client>> = OnceLock::new();
-    CLIENT
-        .get_or_init(|| {
-            let path = std::env::var_os("RTPU_TEST_GPU_PLUGIN")?;
-            let plugin = runtime::load(path.as_ref()).expect("load the GPU plugin");
-            Some(Client::create(plugin, &[]).expect("create a GPU client"))
-        })
-        .as_ref()
+/// The GPU client of `RTPU_TEST_GPU_PLUGIN` (e.g. jax-cuda13-pjrt's). Only the
+/// GPU twins call it, and they are compiled to run only when that variable
+/// was set at build time (see `build.rs`), so a plugin that is named but
+/// missing fails them rather than skipping them.
+pub fn gpu_client() -> &'static Client {
+    static CLIENT: OnceLock<Client> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        let path = std::env::var_os("RTPU_TEST_GPU_PLUGIN")
+            .expect("RTPU_TEST_GPU_PLUGIN was set when the tests were built but is not set now");
+        let plugin = runtime::load(path.as_ref()).expect("load the GPU plugin");
+        Client::create(plugin, &[]).expect("create a GPU client")
+    })
+}
+
+/// Checks a client has the devices a test needs, naming the shortfall.
+pub fn require_devices(client: &Client, needed: usize) {
+    assert!(
+        client.device_count() >= needed,
+        "this test needs {needed} devices; the {} client has {}",
+        client.platform_name().unwrap_or_default(),
+        client.device_count()
+    );
 }
 
 /// Stamps every listed `fn(&Client)` as a test on each plugin: always the CPU
-/// plugin, the GPU one when `RTPU_TEST_GPU_PLUGIN` is set (skipped otherwise).
+/// plugin; the GPU one when `RTPU_TEST_GPU_PLUGIN` named it at build time,
+/// and otherwise the GPU twin is listed as ignored with that reason. Tests
+/// after `four_devices:` need four devices: the CPU client always has them,
+/// and their GPU twins run only when `RTPU_TEST_GPU_DEVICES` is at least 4.
 #[macro_export]
 macro_rules! device_tests {
-    ($($name:ident),* $(,)?) => {
+    ($($name:ident),* $(,)? ; four_devices: $($multi:ident),* $(,)?) => {
         mod cpu {
             $( #[test] fn $name() { super::$name(super::common::cpu_client()) } )*
+            $( #[test] fn $multi() { super::$multi(super::common::cpu_client()) } )*
         }
         mod gpu {
             $(
                 #[test]
-                fn $name() {
-                    match super::common::gpu_client() {
-                        Some(client) => super::$name(client),
-                        None => eprintln!("skipped: RTPU_TEST_GPU_PLUGIN is not set"),
-                    }
-                }
+                #[cfg_attr(not(rtpu_test_gpu), ignore = "RTPU_TEST_GPU_PLUGIN was not set at build time")]
+                fn $name() { super::$name(super::common::gpu_client()) }
+            )*
+            $(
+                #[test]
+                #[cfg_attr(
+                    not(rtpu_test_gpu_4),
+                    ignore = "needs a GPU plugin with 4 devices (RTPU_TEST_GPU_PLUGIN, RTPU_TEST_GPU_DEVICES=4)"
+                )]
+                fn $multi() { super::$multi(super::common::gpu_client()) }
             )*
         }
     };
