@@ -1,7 +1,9 @@
 // Device and stream management for PrivateUse1: the current device is
-// thread-local; each device has one stream. rtpu_op_call and the transfer
-// calls return only once their work is done, so streams and events have
-// nothing to wait for.
+// thread-local; each device has one stream. rtpu_op_call returns once the
+// work is enqueued, and the work of a device runs in call order; a host read
+// waits for the value it reads. So one stream never waits on an event of
+// another (there is none), and synchronizing a stream or a device waits for
+// everything enqueued (rtpu_engine_synchronize).
 
 #include "rtpu_torch.h"
 
@@ -93,11 +95,19 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
     return true;
   }
 
-  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeStream(const c10::Stream&) const override {
+    check(rtpu_engine_synchronize());
+  }
 
-  void synchronizeEvent(void*) const override {}
+  // An event marks everything enqueued before it; waiting for all of it is
+  // what waiting for the event means here.
+  void synchronizeEvent(void*) const override {
+    check(rtpu_engine_synchronize());
+  }
 
-  void synchronizeDevice(const c10::DeviceIndex) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override {
+    check(rtpu_engine_synchronize());
+  }
 
   double elapsedTime(void*, void*, const c10::DeviceIndex) const override {
     TORCH_CHECK(false, "rtpu: tpu events do not record time");

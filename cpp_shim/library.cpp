@@ -22,18 +22,29 @@ std::tuple<std::vector<std::string>, std::vector<int64_t>> op_fallback_counts() 
   return out;
 }
 
-std::vector<int64_t> op_engine_metrics() {
-  rtpu_metrics m{};
-  m.struct_size = RTPU_METRICS_STRUCT_SIZE;
-  check(rtpu_metrics_get(&m));
-  const uint64_t fields[] = {
-      m.ops_run,          m.ops_recorded,        m.executables_compiled,
-      m.cache_hits,       m.disk_cache_hits,     m.graph_executions,
-      m.recompiles,       m.record_ns,           m.compile_ns,
-      m.execute_ns,       m.wait_ns,             m.host_to_device_bytes,
-      m.device_to_host_bytes, m.live_buffers, m.buffers_donated,
-  };
-  return std::vector<int64_t>(std::begin(fields), std::end(fields));
+using Metrics = std::tuple<
+    std::vector<std::string>,
+    std::vector<std::string>,
+    std::vector<std::string>,
+    std::vector<int64_t>>;
+
+Metrics op_metrics() {
+  const size_t count = rtpu_metric_count();
+  std::vector<uint64_t> values(count);
+  check(rtpu_metrics_read(values.data(), count));
+  Metrics out;
+  auto& [names, units, help, counts] = out;
+  for (size_t i = 0; i < count; i++) {
+    const char* name = nullptr;
+    const char* unit = nullptr;
+    const char* line = nullptr;
+    check(rtpu_metric_describe(i, &name, &unit, &line));
+    names.emplace_back(name);
+    units.emplace_back(unit);
+    help.emplace_back(line);
+    counts.push_back(static_cast<int64_t>(values[i]));
+  }
+  return out;
 }
 
 void op_set_deferred(bool deferred) {
@@ -99,8 +110,10 @@ TORCH_LIBRARY(rtpu, m) {
   m.def(
       "fallback_counts() -> (str[] ops, int[] counts)",
       TORCH_FN(op_fallback_counts));
-  // The fields of rtpu_metrics, in the order of op_engine_metrics.
-  m.def("engine_metrics() -> int[]", TORCH_FN(op_engine_metrics));
+  // Every metric the core declares: its name, unit, help line and value.
+  m.def(
+      "metrics() -> (str[] names, str[] units, str[] help, int[] values)",
+      TORCH_FN(op_metrics));
   m.def("set_deferred(bool deferred) -> ()", TORCH_FN(op_set_deferred));
   m.def("is_deferred() -> bool", TORCH_FN(op_is_deferred));
   // site: where the flush was asked for ("" for the current op's line).

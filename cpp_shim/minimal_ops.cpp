@@ -269,48 +269,40 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 } // namespace
 
+// The ops this file implements, as X(overload name, kernel): listed once for
+// both their registration and shim_op_names().
+#define RTPU_SHIM_OPS(X)                                              \
+  X("empty.memory_format", empty_memory_format)                       \
+  X("empty_strided", empty_strided)                                   \
+  X("as_strided", as_strided)                                         \
+  X("view", view)                                                     \
+  X("_reshape_alias", reshape_alias)                                  \
+  X("unfold", unfold)                                                 \
+  X("view_as_real", view_as_real)                                     \
+  X("view_as_complex", view_as_complex)                               \
+  X("resize_", resize_)                                               \
+  X("_copy_from", copy_from)                                          \
+  X("_copy_from_and_resize", copy_from_and_resize)                    \
+  X("_local_scalar_dense", local_scalar_dense)                        \
+  X("set_.source_Storage", set_source_storage)                        \
+  X("set_.source_Storage_storage_offset", set_storage)                \
+  X("set_.source_Tensor", set_source_tensor)                          \
+  X("set_", set_empty)
+
 const std::unordered_set<std::string>& shim_op_names() {
-  // Registered here, so never by the boxed kernel. copy_ stays with ATen's
-  // composite kernel, which routes every direction through _copy_from.
+#define RTPU_SCHEMA_NAME(name, kernel) "aten::" name,
+  // copy_ is not registered by anyone: ATen's composite kernel routes every
+  // direction through _copy_from, so the boxed kernel must not take it.
   static const std::unordered_set<std::string> names = {
-      "aten::empty.memory_format",
-      "aten::empty_strided",
-      "aten::as_strided",
-      "aten::view",
-      "aten::_reshape_alias",
-      "aten::unfold",
-      "aten::view_as_real",
-      "aten::view_as_complex",
-      "aten::resize_",
-      "aten::_copy_from",
-      "aten::_copy_from_and_resize",
-      "aten::_local_scalar_dense",
-      "aten::set_.source_Storage",
-      "aten::set_.source_Storage_storage_offset",
-      "aten::set_.source_Tensor",
-      "aten::set_",
-      "aten::copy_",
-  };
+      RTPU_SHIM_OPS(RTPU_SCHEMA_NAME) "aten::copy_"};
+#undef RTPU_SCHEMA_NAME
   return names;
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
-  m.impl("empty_strided", TORCH_FN(empty_strided));
-  m.impl("as_strided", TORCH_FN(as_strided));
-  m.impl("view", TORCH_FN(view));
-  m.impl("_reshape_alias", TORCH_FN(reshape_alias));
-  m.impl("unfold", TORCH_FN(unfold));
-  m.impl("view_as_real", TORCH_FN(view_as_real));
-  m.impl("view_as_complex", TORCH_FN(view_as_complex));
-  m.impl("resize_", TORCH_FN(resize_));
-  m.impl("_copy_from", TORCH_FN(copy_from));
-  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
-  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
-  m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
-  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
-  m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
-  m.impl("set_", TORCH_FN(set_empty));
+#define RTPU_REGISTER(name, kernel) m.impl(name, TORCH_FN(kernel));
+  RTPU_SHIM_OPS(RTPU_REGISTER)
+#undef RTPU_REGISTER
 }
 
 // copy_ lets lazily conjugated or negated sources through to _copy_from,

@@ -104,9 +104,11 @@ at::Tensor to_device(const at::Tensor& src, c10::Device device);
 
 // ----- minimal_ops.cpp -----------------------------------------------------
 
-// A tensor for a new-tensor output of an op result (taking its storage
-// reference).
-at::Tensor new_tensor(const rtpu_op_output& out);
+// Schema names ("aten::view") the shim implements itself; the boxed kernel
+// never registers these.
+const std::unordered_set<std::string>& shim_op_names();
+
+// ----- location.cpp --------------------------------------------------------
 
 // The location id (rtpu_location_intern) of the innermost Python frame
 // whose file is not under one of the internal path prefixes; 0 when there is
@@ -114,11 +116,11 @@ at::Tensor new_tensor(const rtpu_op_output& out);
 uint32_t python_location();
 void set_internal_paths(const std::vector<std::string>& prefixes);
 
-// Schema names ("aten::view") the shim implements itself; the boxed kernel
-// never registers these.
-const std::unordered_set<std::string>& shim_op_names();
-
 // ----- boxed_kernel.cpp ----------------------------------------------------
+
+// A tensor for a new-tensor output of an op result (taking its storage
+// reference).
+at::Tensor new_tensor(const rtpu_op_output& out);
 
 // The id of a core op by schema name ("aten::copy_"); throws if absent.
 size_t op_id(const char* schema_name);

@@ -25,9 +25,10 @@
 
 /**
  * The C ABI's version. Bumped on any incompatible change; appended struct
- * fields and new functions do not change it.
+ * fields and new functions do not change it. 1: the `rtpu_metrics` struct
+ * gave way to metrics read by name (`rtpu_metric_*`).
  */
-#define RTPU_ABI_VERSION 0
+#define RTPU_ABI_VERSION 1
 
 /**
  * rtpu's release major version (rtpu tracks torch's version; Cargo.toml's
@@ -84,25 +85,6 @@
  * `sizeof(rtpu_buffer_from_host_args)` in ABI v0; fields are only appended.
  */
 #define RTPU_BUFFER_FROM_HOST_ARGS_STRUCT_SIZE 56
-
-/**
- * `sizeof(rtpu_metrics)`. Callers built against the first ABI v0 header
- * pass 48 and get the fields up to `device_to_host_bytes`.
- */
-#define RTPU_METRICS_STRUCT_SIZE 128
-
-/**
- * Execution modes of `rtpu_engine_set_mode` (`uint32_t`).
- * Each op runs as its own program when it is called (the default).
- */
-#define RTPU_MODE_EAGER 0
-
-/**
- * Ops are recorded into one pending graph per device, run as one program
- * at `rtpu_engine_flush`, `rtpu_engine_synchronize`, or when a host read
- * needs a pending value.
- */
-#define RTPU_MODE_DEFERRED 1
 
 /**
  * Success; never carried by an `rtpu_error` (success is a NULL error).
@@ -168,6 +150,19 @@
  * `sizeof(rtpu_execute_args)` in ABI v0; fields are only ever appended.
  */
 #define RTPU_EXECUTE_ARGS_STRUCT_SIZE 40
+
+/**
+ * Execution modes of `rtpu_engine_set_mode` (`uint32_t`).
+ * Each op runs as its own program when it is called (the default).
+ */
+#define RTPU_MODE_EAGER 0
+
+/**
+ * Ops are recorded into one pending graph per device, run as one program
+ * at `rtpu_engine_flush`, `rtpu_engine_synchronize`, or when a host read
+ * needs a pending value.
+ */
+#define RTPU_MODE_DEFERRED 1
 
 /**
  * `None` (an absent optional).
@@ -342,93 +337,6 @@ typedef struct rtpu_buffer_from_host_args {
 } rtpu_buffer_from_host_args;
 
 /**
- * Engine counters since the process started, filled by `rtpu_metrics_get`.
- * Times are in nanoseconds.
- */
-typedef struct rtpu_metrics {
-  /**
-   * In: set to `RTPU_METRICS_STRUCT_SIZE` by the caller.
-   */
-  size_t struct_size;
-  /**
-   * Ops run one at a time by `rtpu_op_call` (eager mode).
-   */
-  uint64_t ops_run;
-  /**
-   * Programs compiled by XLA.
-   */
-  uint64_t executables_compiled;
-  /**
-   * Programs found in the in-memory cache.
-   */
-  uint64_t cache_hits;
-  uint64_t host_to_device_bytes;
-  uint64_t device_to_host_bytes;
-  /**
-   * Ops recorded into pending graphs (deferred mode).
-   */
-  uint64_t ops_recorded;
-  /**
-   * Programs loaded from the disk cache instead of compiled.
-   */
-  uint64_t disk_cache_hits;
-  /**
-   * Deferred graphs run.
-   */
-  uint64_t graph_executions;
-  /**
-   * Compiles at a flush site that had compiled another graph before.
-   */
-  uint64_t recompiles;
-  uint64_t record_ns;
-  uint64_t compile_ns;
-  /**
-   * Time launching programs (device time overlaps the host's).
-   */
-  uint64_t execute_ns;
-  /**
-   * Time the host waited for device results.
-   */
-  uint64_t wait_ns;
-  /**
-   * PJRT buffers alive now.
-   */
-  uint64_t live_buffers;
-  /**
-   * Input buffers donated to deferred graphs.
-   */
-  uint64_t buffers_donated;
-} rtpu_metrics;
-
-/**
- * A strided view of a storage, as ATen describes a tensor. Borrowed: rtpu
- * reads it only during the call it is passed to.
- */
-typedef struct rtpu_tensor_ref {
-  /**
-   * The storage viewed. Required.
-   */
-  const struct rtpu_storage *storage;
-  /**
-   * In elements of `dtype`, >= 0.
-   */
-  int64_t storage_offset;
-  /**
-   * `ndim` sizes (>= 0); may be NULL when `ndim` is 0.
-   */
-  const int64_t *sizes;
-  /**
-   * `ndim` strides in elements (>= 0); may be NULL when `ndim` is 0.
-   */
-  const int64_t *strides;
-  size_t ndim;
-  /**
-   * One of `RTPU_DTYPE_*`.
-   */
-  uint32_t dtype;
-} rtpu_tensor_ref;
-
-/**
  * Arguments of `rtpu_executable_compile`.
  */
 typedef struct rtpu_compile_args {
@@ -480,6 +388,34 @@ typedef struct rtpu_execute_args {
   const size_t *donated;
   size_t num_donated;
 } rtpu_execute_args;
+
+/**
+ * A strided view of a storage, as ATen describes a tensor. Borrowed: rtpu
+ * reads it only during the call it is passed to.
+ */
+typedef struct rtpu_tensor_ref {
+  /**
+   * The storage viewed. Required.
+   */
+  const struct rtpu_storage *storage;
+  /**
+   * In elements of `dtype`, >= 0.
+   */
+  int64_t storage_offset;
+  /**
+   * `ndim` sizes (>= 0); may be NULL when `ndim` is 0.
+   */
+  const int64_t *sizes;
+  /**
+   * `ndim` strides in elements (>= 0); may be NULL when `ndim` is 0.
+   */
+  const int64_t *strides;
+  size_t ndim;
+  /**
+   * One of `RTPU_DTYPE_*`.
+   */
+  uint32_t dtype;
+} rtpu_tensor_ref;
 
 /**
  * One argument of `rtpu_op_call`; `tag` says which fields are set. All
@@ -697,113 +633,6 @@ struct rtpu_error *rtpu_buffer_copy_to_device(const struct rtpu_buffer *buffer, 
 void rtpu_buffer_destroy(struct rtpu_buffer *buffer);
 
 /**
- * Fills `*metrics_out` up to its `struct_size` (which the caller sets, at
- * least 48). Thread-safe.
- */
-struct rtpu_error *rtpu_metrics_get(struct rtpu_metrics *metrics_out);
-
-/**
- * Sets the process-wide execution mode (`RTPU_MODE_*`). Leaving deferred
- * mode flushes every pending graph, whose error (if any) is returned; the
- * mode is eager afterwards either way. Thread-safe.
- */
-struct rtpu_error *rtpu_engine_set_mode(uint32_t mode);
-
-/**
- * The current execution mode (`RTPU_MODE_*`). Thread-safe.
- */
-uint32_t rtpu_engine_mode(void);
-
-/**
- * Runs every pending graph (without waiting for the device). `site`
- * (NUL-terminated, borrowed; NULL for the calling thread's current
- * location) names where the flush was asked for: recompiles are counted
- * and explained per site. A failed graph's error names the lines that
- * recorded its ops; storages it would have overwritten keep their values.
- * Thread-safe.
- */
-struct rtpu_error *rtpu_engine_flush(const char *site);
-
-/**
- * Flushes every pending graph and waits until the device has run them.
- * Thread-safe.
- */
-struct rtpu_error *rtpu_engine_synchronize(void);
-
-/**
- * The id of a source location text (e.g. "train.py:42"), for
- * `rtpu_location_set_current`; equal texts get equal ids. NULL gives 0,
- * the unknown location. The text is copied. Thread-safe.
- */
-uint32_t rtpu_location_intern(const char *text);
-
-/**
- * Sets the location that the calling thread's next ops are recorded at
- * (what errors and recompile explanations name). Thread-safe (per thread).
- */
-void rtpu_location_set_current(uint32_t location);
-
-/**
- * Prints an explanation of every recompile to stderr when `on` (also
- * turned on by the environment variable `RTPU_DEBUG=recompile`).
- * Thread-safe.
- */
-void rtpu_engine_set_explain_recompiles(bool on);
-
-/**
- * After `limit` recompiles at one flush site, the next one fails with an
- * error carrying its explanation; a negative `limit` removes the limit.
- * Thread-safe.
- */
-void rtpu_engine_set_recompile_limit(int64_t limit);
-
-/**
- * Starts capturing a graph whose inputs are `inputs` (`num_inputs` refs on
- * one device, borrowed for the call): pending work runs first, then every
- * op until `rtpu_capture_end` is recorded. One capture at a time per
- * process.
- */
-struct rtpu_error *rtpu_capture_begin(const struct rtpu_runtime *runtime, const struct rtpu_tensor_ref *inputs, size_t num_inputs);
-
-/**
- * Ends the capture: runs the recorded ops as one program, so `outputs`
- * (`num_outputs` refs, borrowed) hold their values, and writes to
- * `*graph_out` a graph that replays them on new inputs. If the ops cannot
- * be replayed (`rtpu_graph_replayable` is false, `rtpu_graph_reason` says
- * why), the values are still computed. `site` (NUL-terminated, borrowed)
- * names the graph in errors and explanations. On success the caller owns
- * `*graph_out`. The capture ends (and the mode returns to what it was)
- * even when this fails; on bad input, what it recorded runs at the next
- * flush.
- */
-struct rtpu_error *rtpu_capture_end(const struct rtpu_runtime *runtime, const struct rtpu_tensor_ref *outputs, size_t num_outputs, const char *site, struct rtpu_graph **graph_out);
-
-/**
- * Whether the graph can be replayed. NULL gives false.
- */
-bool rtpu_graph_replayable(const struct rtpu_graph *graph);
-
-/**
- * Why the graph cannot be replayed, or NULL when it can (or `graph` is
- * NULL). The string lives as long as the graph.
- */
-const char *rtpu_graph_reason(const struct rtpu_graph *graph);
-
-/**
- * Replays a replayable graph on `inputs` (`num_inputs` refs, borrowed;
- * the shapes, dtypes and layouts of the captured ones): enqueues one
- * execution, writes the inputs the graph mutates, and on success gives the
- * outputs as an owned `*result_out` (new tensors, read with
- * `rtpu_op_result_get`). Thread-safe.
- */
-struct rtpu_error *rtpu_graph_replay(const struct rtpu_graph *graph, const struct rtpu_tensor_ref *inputs, size_t num_inputs, struct rtpu_op_result **result_out);
-
-/**
- * Frees a graph. NULL is a no-op.
- */
-void rtpu_graph_destroy(struct rtpu_graph *graph);
-
-/**
  * The error's code, one of `RTPU_ERROR_CODE_*`.
  *
  * NULL `error` (success) gives `RTPU_ERROR_CODE_OK`. Thread-safe.
@@ -885,6 +714,139 @@ size_t rtpu_bytes_size(const struct rtpu_bytes *bytes);
  * Frees the bytes. NULL is a no-op; destroying twice is undefined behaviour.
  */
 void rtpu_bytes_destroy(struct rtpu_bytes *bytes);
+
+/**
+ * Starts capturing a graph whose inputs are `inputs` (`num_inputs` refs on
+ * one device, borrowed for the call): pending work runs first, then every
+ * op until `rtpu_capture_end` is recorded. One capture at a time per
+ * process.
+ */
+struct rtpu_error *rtpu_capture_begin(const struct rtpu_runtime *runtime, const struct rtpu_tensor_ref *inputs, size_t num_inputs);
+
+/**
+ * Ends the capture: runs the recorded ops as one program, so `outputs`
+ * (`num_outputs` refs, borrowed) hold their values, and writes to
+ * `*graph_out` a graph that replays them on new inputs. If the ops cannot
+ * be replayed (`rtpu_graph_replayable` is false, `rtpu_graph_reason` says
+ * why), the values are still computed. `site` (NUL-terminated, borrowed)
+ * names the graph in errors and explanations. On success the caller owns
+ * `*graph_out`. The capture ends (and the mode returns to what it was)
+ * even when this fails; on bad input, what it recorded runs at the next
+ * flush.
+ */
+struct rtpu_error *rtpu_capture_end(const struct rtpu_runtime *runtime, const struct rtpu_tensor_ref *outputs, size_t num_outputs, const char *site, struct rtpu_graph **graph_out);
+
+/**
+ * Whether the graph can be replayed. NULL gives false.
+ */
+bool rtpu_graph_replayable(const struct rtpu_graph *graph);
+
+/**
+ * Why the graph cannot be replayed, or NULL when it can (or `graph` is
+ * NULL). The string lives as long as the graph.
+ */
+const char *rtpu_graph_reason(const struct rtpu_graph *graph);
+
+/**
+ * Replays a replayable graph on `inputs` (`num_inputs` refs, borrowed;
+ * the shapes, dtypes and layouts of the captured ones): enqueues one
+ * execution, writes the inputs the graph mutates, and on success gives the
+ * outputs as an owned `*result_out` (new tensors, read with
+ * `rtpu_op_result_get`). Thread-safe.
+ */
+struct rtpu_error *rtpu_graph_replay(const struct rtpu_graph *graph, const struct rtpu_tensor_ref *inputs, size_t num_inputs, struct rtpu_op_result **result_out);
+
+/**
+ * Frees a graph. NULL is a no-op.
+ */
+void rtpu_graph_destroy(struct rtpu_graph *graph);
+
+/**
+ * How many metrics rtpu keeps; `rtpu_metric_*` take an index below it.
+ * New metrics are only ever appended, so an index names the same metric
+ * in every release of this ABI version. Thread-safe.
+ */
+size_t rtpu_metric_count(void);
+
+/**
+ * Describes metric `index`: `*name_out` is its stable snake_case name
+ * (e.g. "ops_run"), `*unit_out` one of "count" (events since the process
+ * started), "bytes", "ns" (time) or "live" (how many exist now), and
+ * `*help_out` one line saying what it counts. The strings are static:
+ * they live as long as the process. INVALID_ARGUMENT for an index past
+ * `rtpu_metric_count()` or a NULL output. Thread-safe.
+ */
+struct rtpu_error *rtpu_metric_describe(size_t index, const char **name_out, const char **unit_out, const char **help_out);
+
+/**
+ * Writes to `*index_out` the index of the metric named `name`
+ * (NUL-terminated, borrowed). NOT_FOUND when rtpu keeps no such metric.
+ * Thread-safe.
+ */
+struct rtpu_error *rtpu_metric_find(const char *name, size_t *index_out);
+
+/**
+ * Reads the current values of the first `count` metrics into `values`
+ * (`count` elements, caller-owned; at most `rtpu_metric_count()`, which
+ * reads all). Each value is read atomically, the set not at one instant.
+ * Thread-safe.
+ */
+struct rtpu_error *rtpu_metrics_read(uint64_t *values, size_t count);
+
+/**
+ * Sets the process-wide execution mode (`RTPU_MODE_*`). Leaving deferred
+ * mode flushes every pending graph, whose error (if any) is returned; the
+ * mode is eager afterwards either way. Thread-safe.
+ */
+struct rtpu_error *rtpu_engine_set_mode(uint32_t mode);
+
+/**
+ * The current execution mode (`RTPU_MODE_*`). Thread-safe.
+ */
+uint32_t rtpu_engine_mode(void);
+
+/**
+ * Runs every pending graph (without waiting for the device). `site`
+ * (NUL-terminated, borrowed; NULL for the calling thread's current
+ * location) names where the flush was asked for: recompiles are counted
+ * and explained per site. A failed graph's error names the lines that
+ * recorded its ops; storages it would have overwritten keep their values.
+ * Thread-safe.
+ */
+struct rtpu_error *rtpu_engine_flush(const char *site);
+
+/**
+ * Flushes every pending graph and waits until the device has run them.
+ * Thread-safe.
+ */
+struct rtpu_error *rtpu_engine_synchronize(void);
+
+/**
+ * The id of a source location text (e.g. "train.py:42"), for
+ * `rtpu_location_set_current`; equal texts get equal ids. NULL gives 0,
+ * the unknown location. The text is copied. Thread-safe.
+ */
+uint32_t rtpu_location_intern(const char *text);
+
+/**
+ * Sets the location that the calling thread's next ops are recorded at
+ * (what errors and recompile explanations name). Thread-safe (per thread).
+ */
+void rtpu_location_set_current(uint32_t location);
+
+/**
+ * Prints an explanation of every recompile to stderr when `on` (also
+ * turned on by the environment variable `RTPU_DEBUG=recompile`).
+ * Thread-safe.
+ */
+void rtpu_engine_set_explain_recompiles(bool on);
+
+/**
+ * After `limit` recompiles at one flush site, the next one fails with an
+ * error carrying its explanation; a negative `limit` removes the limit.
+ * Thread-safe.
+ */
+void rtpu_engine_set_recompile_limit(int64_t limit);
 
 /**
  * The number of ATen ops rtpu runs natively. Thread-safe.

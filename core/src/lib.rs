@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod ir;
 pub mod lower;
+pub mod metrics;
 pub mod ops;
 pub mod runtime;
 pub mod storage;

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
+use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client, Device};
 
 /// What a storage holds now.
@@ -312,11 +313,10 @@ impl Storage {
         let nbytes = self.nbytes();
         match value {
             StorageValue::Buffer { buffer, .. } => {
-                crate::engine::D2H_BYTES
-                    .fetch_add(nbytes as u64, std::sync::atomic::Ordering::Relaxed);
+                metrics::add(Metric::DeviceToHostBytes, nbytes as u64);
                 let start = std::time::Instant::now();
                 let bytes = buffer.to_host();
-                crate::engine::record_wait(start.elapsed());
+                metrics::add_elapsed(Metric::WaitNs, start);
                 bytes
             }
             _ => Ok(vec![0u8; nbytes]),
@@ -329,8 +329,7 @@ impl Storage {
         if bytes.len() != self.nbytes() {
             return Err(Error::invalid("storage bytes", self.nbytes(), bytes.len()));
         }
-        crate::engine::H2D_BYTES
-            .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        metrics::add(Metric::HostToDeviceBytes, bytes.len() as u64);
         // A pending value would be installed over these bytes when its
         // graph runs: run it first (a failed value is simply replaced).
         if matches!(self.recorded_value(), StorageValue::Pending { .. }) {

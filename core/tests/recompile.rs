@@ -5,6 +5,7 @@ mod common;
 
 use common::{assert_close, f32_bytes, f32s_from};
 use rtpu_core::engine::{self, Arg, Output, TensorArg};
+use rtpu_core::metrics::{self, Metric};
 use rtpu_core::storage::{Storage, View};
 use rtpu_core::DType;
 
@@ -28,12 +29,12 @@ fn a_changing_scalar_does_not_recompile() {
         Output::Alias(_) | Output::None => panic!("mul.Scalar returns a new tensor"),
     };
     run(0.5);
-    let compiled = engine::metrics().executables_compiled;
-    let hits = engine::metrics().cache_hits;
+    let compiled = metrics::value(Metric::ExecutablesCompiled);
+    let hits = metrics::value(Metric::CacheHits);
     for step in 1..6 {
         let s = 0.1 * step as f32;
         assert_close(&run(s as f64), &[s, 2.0 * s], 1e-6, 0.0);
     }
-    assert_eq!(engine::metrics().executables_compiled, compiled);
-    assert_eq!(engine::metrics().cache_hits, hits + 5);
+    assert_eq!(metrics::value(Metric::ExecutablesCompiled), compiled);
+    assert_eq!(metrics::value(Metric::CacheHits), hits + 5);
 }

@@ -67,6 +67,17 @@ pub(crate) fn check_struct_size(what: &str, given: usize, minimum: usize) -> Res
     Ok(())
 }
 
+/// Whether a (pointer, length) pair addresses any elements: not for length
+/// 0 (whatever the pointer); NULL with a length is INVALID_ARGUMENT.
+fn has_elements(is_null: bool, len: usize, what: &str) -> Result<bool, FfiError> {
+    if is_null && len != 0 {
+        return Err(FfiError::invalid(format!(
+            "{what} is NULL but its length is {len}"
+        )));
+    }
+    Ok(len != 0)
+}
+
 /// A slice from a (pointer, length) pair; NULL is allowed only for length 0.
 ///
 /// # Safety
@@ -76,16 +87,29 @@ pub(crate) unsafe fn slice<'a, T>(
     len: usize,
     what: &str,
 ) -> Result<&'a [T], FfiError> {
-    if len == 0 {
+    if !has_elements(ptr.is_null(), len, what)? {
         return Ok(&[]);
     }
-    if ptr.is_null() {
-        return Err(FfiError::invalid(format!(
-            "{what} is NULL but its length is {len}"
-        )));
-    }
-    // SAFETY: guaranteed by the caller.
+    // SAFETY: non-NULL, and `len` elements by the caller's guarantee.
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// A mutable slice from a (pointer, length) pair; NULL is allowed only for
+/// length 0.
+///
+/// # Safety
+/// A non-NULL `ptr` must point to `len` writable `T`s for the returned
+/// lifetime, aliased by nothing else.
+pub(crate) unsafe fn slice_mut<'a, T>(
+    ptr: *mut T,
+    len: usize,
+    what: &str,
+) -> Result<&'a mut [T], FfiError> {
+    if !has_elements(ptr.is_null(), len, what)? {
+        return Ok(&mut []);
+    }
+    // SAFETY: non-NULL, and `len` unaliased elements by the caller's guarantee.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
 }
 
 /// A UTF-8 string from a NUL-terminated C string.

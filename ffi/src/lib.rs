@@ -14,9 +14,11 @@
 
 mod boundary;
 pub mod buffer;
-pub mod engine;
 pub mod error;
 pub mod executable;
+pub mod graph;
+pub mod metrics;
+pub mod mode;
 pub mod ops;
 pub mod runtime;
 pub mod storage;
@@ -25,8 +27,9 @@ use crate::boundary::fallible;
 use crate::error::rtpu_error;
 
 /// The C ABI's version. Bumped on any incompatible change; appended struct
-/// fields and new functions do not change it.
-pub const RTPU_ABI_VERSION: u32 = 0;
+/// fields and new functions do not change it. 1: the `rtpu_metrics` struct
+/// gave way to metrics read by name (`rtpu_metric_*`).
+pub const RTPU_ABI_VERSION: u32 = 1;
 
 /// rtpu's release major version (rtpu tracks torch's version; Cargo.toml's
 /// version, which a test checks).
@@ -99,6 +102,10 @@ mod tests {
         assert_eq!(
             executable::RTPU_EXECUTE_ARGS_STRUCT_SIZE,
             size_of::<executable::rtpu_execute_args>()
+        );
+        assert_eq!(
+            ops::RTPU_OP_OUTPUT_STRUCT_SIZE,
+            size_of::<ops::rtpu_op_output>()
         );
     }
 }

@@ -72,63 +72,35 @@ def _autoload() -> None:
     """The `torch.backends` entry point; importing rtpu did the work."""
 
 
-# The fields of torch.ops.rtpu.engine_metrics(), in order.
-_ENGINE_METRICS = (
-    "ops_run",
-    "ops_recorded",
-    "executables_compiled",
-    "cache_hits",
-    "disk_cache_hits",
-    "graph_executions",
-    "recompiles",
-    "record_ns",
-    "compile_ns",
-    "execute_ns",
-    "wait_ns",
-    "host_to_device_bytes",
-    "device_to_host_bytes",
-    "live_buffers",
-    "buffers_donated",
-)
-
-
 def metrics() -> dict:
-    """Engine counters since the process started: ops run eagerly and
-    recorded into deferred graphs, executables compiled, cache hits (memory
-    and disk), graph executions, recompiles, time (ns) spent recording,
-    compiling, launching and waiting, host<->device bytes, live device
-    buffers, buffers donated to graphs, and the ops that ran on the CPU
-    fallback with their counts."""
+    """rtpu's counters since the process started, by name (each declared
+    once in the core, with its unit and help: see `metrics_report()`), and
+    "cpu_fallbacks": the ops that ran on the CPU fallback with their counts."""
+    names, _, _, values = torch.ops.rtpu.metrics()
+    result = dict(zip(names, values))
     ops, counts = torch.ops.rtpu.fallback_counts()
-    result = dict(zip(_ENGINE_METRICS, torch.ops.rtpu.engine_metrics()))
     result["cpu_fallbacks"] = dict(zip(ops, counts))
     return result
 
 
+def _format_metric(value: int, unit: str) -> str:
+    if unit == "ns":
+        return f"{value / 1e6:.1f} ms"
+    if unit == "bytes":
+        return f"{value} bytes"
+    return str(value)
+
+
 def metrics_report() -> str:
-    """`metrics()` as readable text."""
-    m = metrics()
-    ms = lambda ns: f"{ns / 1e6:.1f} ms"  # noqa: E731
-    per_op = m["record_ns"] / m["ops_recorded"] / 1e3 if m["ops_recorded"] else 0.0
-    lines = [
-        "rtpu metrics",
-        f"  ops run eagerly        {m['ops_run']}",
-        f"  ops recorded           {m['ops_recorded']} ({per_op:.2f} us/op)",
-        f"  graphs executed        {m['graph_executions']}",
-        f"  executables compiled   {m['executables_compiled']}",
-        f"  recompiles             {m['recompiles']}",
-        f"  cache hits             {m['cache_hits']} memory, {m['disk_cache_hits']} disk",
-        f"  time recording         {ms(m['record_ns'])}",
-        f"  time compiling         {ms(m['compile_ns'])}",
-        f"  time launching         {ms(m['execute_ns'])}",
-        f"  time waiting on device {ms(m['wait_ns'])}",
-        f"  host->device           {m['host_to_device_bytes']} bytes",
-        f"  device->host           {m['device_to_host_bytes']} bytes",
-        f"  live device buffers    {m['live_buffers']}",
-        f"  buffers donated        {m['buffers_donated']}",
-    ]
-    fallbacks = m["cpu_fallbacks"]
-    lines.append(f"  CPU fallbacks          {sum(fallbacks.values())}")
+    """Every metric with its value and what it counts, then the CPU
+    fallbacks by op, as readable text."""
+    names, units, help, values = torch.ops.rtpu.metrics()
+    width = max(map(len, names))
+    lines = ["rtpu metrics"]
+    for name, unit, line, value in zip(names, units, help, values):
+        lines.append(f"  {name:<{width}}  {_format_metric(value, unit):>14}  {line}")
+    fallbacks = dict(zip(*torch.ops.rtpu.fallback_counts()))
+    lines.append(f"  {'cpu_fallbacks':<{width}}  {sum(fallbacks.values()):>14}  ops run on the CPU fallback")
     for op, count in sorted(fallbacks.items(), key=lambda item: -item[1]):
         lines.append(f"    {op:<30} {count}")
     return "\n".join(lines)

@@ -8,6 +8,16 @@
 
 #include "rtpu.h"
 
+/* The header's size macros are what a C compiler lays the structs out as
+ * (the Rust side checks them against Rust's layout). */
+_Static_assert(RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE == sizeof(rtpu_runtime_open_args), "runtime_open_args");
+_Static_assert(RTPU_DEVICE_INFO_STRUCT_SIZE == sizeof(rtpu_device_info), "device_info");
+_Static_assert(RTPU_BUFFER_FROM_HOST_ARGS_STRUCT_SIZE == sizeof(rtpu_buffer_from_host_args),
+               "buffer_from_host_args");
+_Static_assert(RTPU_COMPILE_ARGS_STRUCT_SIZE == sizeof(rtpu_compile_args), "compile_args");
+_Static_assert(RTPU_EXECUTE_ARGS_STRUCT_SIZE == sizeof(rtpu_execute_args), "execute_args");
+_Static_assert(RTPU_OP_OUTPUT_STRUCT_SIZE == sizeof(rtpu_op_output), "op_output");
+
 #define CHECK(cond)                                                          \
   do {                                                                       \
     if (!(cond)) {                                                           \
@@ -47,6 +57,18 @@ static inline void check_error(rtpu_error *err, unsigned code, const char *needl
 }
 
 #define CHECK_ERROR(call, code, needle) check_error((call), (code), (needle), #call, __FILE__, __LINE__)
+
+/* The current value of the metric named `name`; exits if there is none. */
+static inline uint64_t metric(const char *name) {
+  size_t index = 0;
+  CHECK_OK(rtpu_metric_find(name, &index));
+  uint64_t *values = calloc(index + 1, sizeof *values);
+  CHECK(values != NULL);
+  CHECK_OK(rtpu_metrics_read(values, index + 1));
+  const uint64_t value = values[index];
+  free(values);
+  return value;
+}
 
 /* The id of the core op with this schema name; exits if there is none. */
 static inline size_t find_op(const char *name) {

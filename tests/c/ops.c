@@ -19,6 +19,21 @@ static rtpu_tensor_ref view_of(const rtpu_storage *s, int64_t offset, const int6
   return ref;
 }
 
+/* Every metric has a name that finds it, a known unit and a help line. */
+static void check_metric_descriptions(void) {
+  const size_t count = rtpu_metric_count();
+  CHECK(count >= 15);
+  for (size_t i = 0; i < count; i++) {
+    const char *name = NULL, *unit = NULL, *help = NULL;
+    size_t found = count;
+    CHECK_OK(rtpu_metric_describe(i, &name, &unit, &help));
+    CHECK_OK(rtpu_metric_find(name, &found));
+    CHECK(found == i && help[0] != '\0');
+    CHECK(strcmp(unit, "count") == 0 || strcmp(unit, "bytes") == 0 || strcmp(unit, "ns") == 0 ||
+          strcmp(unit, "live") == 0);
+  }
+}
+
 int main(void) {
   rtpu_runtime_open_args open_args = {0};
   open_args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
@@ -74,11 +89,11 @@ int main(void) {
   rtpu_op_result_destroy(result);
   rtpu_storage_release(out.storage);
 
-  rtpu_metrics metrics;
-  memset(&metrics, 0, sizeof metrics);
-  metrics.struct_size = RTPU_METRICS_STRUCT_SIZE;
-  CHECK_OK(rtpu_metrics_get(&metrics));
-  CHECK(metrics.ops_run >= 2 && metrics.executables_compiled >= 1);
+  /* This process has run exactly the two ops above, each compiled once (the
+   * C tests run with no disk cache). */
+  CHECK(metric("ops_run") == 2 && metric("executables_compiled") == 2);
+  CHECK(metric("host_to_device_bytes") > 0 && metric("device_to_host_bytes") > 0);
+  check_metric_descriptions();
 
   /* Bad input: every call fails cleanly and the storage keeps its bytes. */
   rtpu_storage *none = NULL;
@@ -119,9 +134,21 @@ int main(void) {
   CHECK(rtpu_op_result_count(NULL) == 0);
   rtpu_op_result_destroy(NULL);
   CHECK_ERROR(rtpu_op_result_get(NULL, 0, &out), INVALID, "result");
-  CHECK_ERROR(rtpu_metrics_get(NULL), INVALID, "metrics_out");
-  metrics.struct_size = 8;
-  CHECK_ERROR(rtpu_metrics_get(&metrics), INVALID, "struct_size");
+  const size_t count = rtpu_metric_count();
+  uint64_t values[64];
+  CHECK(count <= 64);
+  CHECK_ERROR(rtpu_metrics_read(values, count + 1), INVALID, "count");
+  CHECK_ERROR(rtpu_metrics_read(NULL, count), INVALID, "values");
+  CHECK_OK(rtpu_metrics_read(NULL, 0));
+  const char *name = NULL, *unit = NULL, *help = NULL;
+  CHECK_ERROR(rtpu_metric_describe(count, &name, &unit, &help), INVALID, "rtpu_metric_count");
+  CHECK_ERROR(rtpu_metric_describe(0, NULL, &unit, &help), INVALID, "name_out");
+  CHECK(name == NULL);
+  size_t index = 7;
+  CHECK_ERROR(rtpu_metric_find("no_such_metric", &index), RTPU_ERROR_CODE_NOT_FOUND, "no_such_metric");
+  CHECK_ERROR(rtpu_metric_find(NULL, &index), INVALID, "name");
+  CHECK_ERROR(rtpu_metric_find("ops_run", NULL), INVALID, "index_out");
+  CHECK(index == 7);
 
   CHECK_OK(rtpu_tensor_copy_to_host(&whole, back, sizeof back));
   CHECK(memcmp(back, want, sizeof want) == 0);

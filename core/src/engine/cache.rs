@@ -20,10 +20,10 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use super::deferred::{location_text, RecordedOp};
-use super::{CACHE_HITS, CACHE_HITS_DISK, COMPILED, COMPILE_NS, RECOMPILES};
 use crate::error::{Error, Result};
 use crate::ir::{Graph, TensorType};
 use crate::lower::lower;
+use crate::metrics::{self, Metric};
 use crate::runtime::{Client, CompileOptions, LoadedExecutable};
 
 /// Where a deferred graph came from: what explanations name.
@@ -65,7 +65,7 @@ pub(crate) fn executable(
     let key = (client.id(), device_index, structural_hash(graph));
     if let Some(entries) = memory().get(&key) {
         if let Some((_, exe)) = entries.iter().find(|(g, _)| g == graph) {
-            CACHE_HITS.fetch_add(1, Ordering::Relaxed);
+            metrics::add(Metric::CacheHits, 1);
             return Ok(exe.clone());
         }
     }
@@ -79,7 +79,7 @@ pub(crate) fn executable(
     let disk = DiskEntry::new(client, &options, &text);
     let exe = match disk.as_ref().and_then(|d| d.load(client, &text)) {
         Some(exe) => {
-            CACHE_HITS_DISK.fetch_add(1, Ordering::Relaxed);
+            metrics::add(Metric::DiskCacheHits, 1);
             if let Some(p) = provenance {
                 remember(p, graph);
             }
@@ -93,8 +93,8 @@ pub(crate) fn executable(
             // a racing compile of the same graph just wastes one compile.
             let start = Instant::now();
             let exe = client.compile(&text, &options)?;
-            COMPILE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            COMPILED.fetch_add(1, Ordering::Relaxed);
+            metrics::add_elapsed(Metric::CompileNs, start);
+            metrics::add(Metric::ExecutablesCompiled, 1);
             if let Some(d) = &disk {
                 d.store(&text, &exe);
             }
@@ -342,7 +342,7 @@ fn check_recompile(p: &Provenance<'_>, graph: &Graph) -> Result<()> {
         }
     }
     history.push(summary);
-    RECOMPILES.fetch_add(1, Ordering::Relaxed);
+    metrics::add(Metric::Recompiles, 1);
     if explaining() {
         eprintln!(
             "rtpu: recompiling the graph flushed at {} (its graph number {count} there): \

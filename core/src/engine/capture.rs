@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use super::deferred::{self, CapturedOutput, RanGraph, RecordedOp, Source, SplicedParam};
-use super::{host_input, Output, TensorArg, EXECUTE_NS, EXECUTIONS};
+use super::{host_input, Output, TensorArg};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
+use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client, ExecuteOptions, LoadedExecutable};
 use crate::storage::{Storage, StorageValue, View};
 
@@ -412,8 +413,8 @@ impl CapturedGraph {
                 asynchronous: true,
             },
         );
-        EXECUTE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        EXECUTIONS.fetch_add(1, Ordering::Relaxed);
+        metrics::add_elapsed(Metric::ExecuteNs, start);
+        metrics::add(Metric::GraphExecutions, 1);
         let mut buffers = results?.into_iter().next().unwrap_or_default();
         if buffers.len() != self.written.len() + self.checks.len() {
             return Err(Error::invalid(

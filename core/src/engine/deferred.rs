@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
 use super::{cache, host_input, Builder, Output, ParamSource, PendingOutput};
-use super::{DONATED, EXECUTE_NS, EXECUTIONS, OPS_RECORDED};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ir::{Graph, Node, TensorType, ValueId};
+use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client, ExecuteOptions, LoadedExecutable};
 use crate::storage::{Storage, StorageValue, View};
 
@@ -392,7 +392,7 @@ impl PendingGraph {
             location: current_location(),
         });
         self.op_ends.push(self.graph.nodes.len());
-        OPS_RECORDED.fetch_add(1, Ordering::Relaxed);
+        metrics::add(Metric::OpsRecorded, 1);
     }
 }
 
@@ -615,7 +615,7 @@ pub(crate) fn verify_checks() -> Result<()> {
         for (flag, _, op) in &graph.flags {
             let start = Instant::now();
             let bytes = flag.to_host();
-            super::record_wait(start.elapsed());
+            metrics::add_elapsed(Metric::WaitNs, start);
             if bytes?.first().is_some_and(|&b| b != 0) {
                 failed_op = Some(*op);
                 break;
@@ -662,7 +662,7 @@ pub fn synchronize() -> Result<()> {
     for buffer in latest {
         buffer.wait_ready()?;
     }
-    super::record_wait(start.elapsed());
+    metrics::add_elapsed(Metric::WaitNs, start);
     verify_checks()
 }
 
@@ -934,10 +934,10 @@ fn execute(
             asynchronous: true,
         },
     );
-    EXECUTE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    EXECUTIONS.fetch_add(1, Ordering::Relaxed);
+    metrics::add_elapsed(Metric::ExecuteNs, start);
+    metrics::add(Metric::GraphExecutions, 1);
     let buffers = results?.into_iter().next().unwrap_or_default();
-    DONATED.fetch_add(graph.donors.len() as u64, Ordering::Relaxed);
+    metrics::add(Metric::BuffersDonated, graph.donors.len() as u64);
     if buffers.len() != graph.outputs.len() {
         return Err(Error::invalid(
             "outputs of a deferred graph",

@@ -14,13 +14,13 @@ pub mod capture;
 pub mod deferred;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Graph, Literal, Node, TensorType, UnaryOp, ValueId};
+use crate::metrics::{self, Metric};
 use crate::ops;
 use crate::runtime::{Buffer, Client, ExecuteOptions};
 use crate::storage::{Storage, StorageValue, View};
@@ -83,77 +83,6 @@ pub enum Output {
     None,
 }
 
-/// Counters of the engine since process start. Times are in nanoseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Metrics {
-    /// Ops run one at a time (eager mode).
-    pub ops_run: u64,
-    /// Ops recorded into pending graphs (deferred mode).
-    pub ops_recorded: u64,
-    pub executables_compiled: u64,
-    /// Executables found in the in-memory cache.
-    pub cache_hits: u64,
-    /// Executables loaded from the disk cache instead of compiled.
-    pub disk_cache_hits: u64,
-    /// Deferred graphs run.
-    pub graph_executions: u64,
-    /// Compiles at a site that had compiled a different graph before.
-    pub recompiles: u64,
-    pub record_ns: u64,
-    pub compile_ns: u64,
-    /// Time spent launching programs (their device time overlaps the host's).
-    pub execute_ns: u64,
-    /// Time the host waited for device results (reads, synchronize).
-    pub wait_ns: u64,
-    pub host_to_device_bytes: u64,
-    pub device_to_host_bytes: u64,
-    /// PJRT buffers alive now.
-    pub live_buffers: u64,
-    /// Input buffers donated to deferred graphs (their memory reused for
-    /// outputs).
-    pub buffers_donated: u64,
-}
-
-static OPS_RUN: AtomicU64 = AtomicU64::new(0);
-static OPS_RECORDED: AtomicU64 = AtomicU64::new(0);
-static COMPILED: AtomicU64 = AtomicU64::new(0);
-static CACHE_HITS: AtomicU64 = AtomicU64::new(0);
-static CACHE_HITS_DISK: AtomicU64 = AtomicU64::new(0);
-static EXECUTIONS: AtomicU64 = AtomicU64::new(0);
-static RECOMPILES: AtomicU64 = AtomicU64::new(0);
-static RECORD_NS: AtomicU64 = AtomicU64::new(0);
-static COMPILE_NS: AtomicU64 = AtomicU64::new(0);
-static EXECUTE_NS: AtomicU64 = AtomicU64::new(0);
-static WAIT_NS: AtomicU64 = AtomicU64::new(0);
-static DONATED: AtomicU64 = AtomicU64::new(0);
-pub(crate) static H2D_BYTES: AtomicU64 = AtomicU64::new(0);
-pub(crate) static D2H_BYTES: AtomicU64 = AtomicU64::new(0);
-
-pub(crate) fn record_wait(waited: Duration) {
-    WAIT_NS.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
-}
-
-pub fn metrics() -> Metrics {
-    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-    Metrics {
-        ops_run: load(&OPS_RUN),
-        ops_recorded: load(&OPS_RECORDED),
-        executables_compiled: load(&COMPILED),
-        cache_hits: load(&CACHE_HITS),
-        disk_cache_hits: load(&CACHE_HITS_DISK),
-        graph_executions: load(&EXECUTIONS),
-        recompiles: load(&RECOMPILES),
-        record_ns: load(&RECORD_NS),
-        compile_ns: load(&COMPILE_NS),
-        execute_ns: load(&EXECUTE_NS),
-        wait_ns: load(&WAIT_NS),
-        host_to_device_bytes: load(&H2D_BYTES),
-        device_to_host_bytes: load(&D2H_BYTES),
-        live_buffers: crate::runtime::live_buffers(),
-        buffers_donated: load(&DONATED),
-    }
-}
-
 /// Schema names of the ops the engine runs; an op's id is its index here.
 pub fn op_names() -> Vec<&'static str> {
     ops::table().iter().map(|op| op.name).collect()
@@ -175,9 +104,9 @@ pub fn call(client: &Client, op: usize, args: &[Arg]) -> Result<Vec<Output>> {
     (def.lower)(&mut builder)?;
     let outputs = builder.run()?;
     if deferred {
-        RECORD_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        metrics::add_elapsed(Metric::RecordNs, start);
     } else {
-        OPS_RUN.fetch_add(1, Ordering::Relaxed);
+        metrics::add(Metric::OpsRun, 1);
     }
     Ok(outputs)
 }
@@ -1317,7 +1246,7 @@ impl<'a> Builder<'a> {
                 asynchronous: true,
             },
         );
-        EXECUTE_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        metrics::add_elapsed(Metric::ExecuteNs, start);
         let mut results = launched?.into_iter().next().unwrap_or_default().into_iter();
 
         let mut outputs = Vec::with_capacity(self.outputs.len());
@@ -1367,7 +1296,7 @@ pub(crate) fn host_input(
     // Only scalars and tiny tensors repeat often enough to be worth keeping.
     const MAX_CACHED_BYTES: usize = 64;
     if bytes.len() > MAX_CACHED_BYTES {
-        H2D_BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        metrics::add(Metric::HostToDeviceBytes, bytes.len() as u64);
         return Ok(Arc::new(
             client.buffer_from_host(bytes, dtype, dims, device)?,
         ));
@@ -1384,7 +1313,7 @@ pub(crate) fn host_input(
     if let Some(buffer) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(buffer.clone());
     }
-    H2D_BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    metrics::add(Metric::HostToDeviceBytes, bytes.len() as u64);
     let buffer = Arc::new(client.buffer_from_host(bytes, dtype, dims, device)?);
     let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
     if cache.len() >= MAX_ENTRIES {

@@ -1,7 +1,6 @@
 //! Device buffers: host transfers, device-to-device copies, metadata.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::runtime::sys::{self, Args, PJRT_Buffer};
@@ -10,6 +9,7 @@ use super::client::{Client, ClientInner, Device};
 use super::event::Event;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::metrics::{self, Metric};
 
 /// An owned PJRT buffer on one device. Holds its client alive.
 pub struct Buffer {
@@ -22,25 +22,18 @@ unsafe impl Send for Buffer {}
 // SAFETY: as above; every method takes `&self` and PJRT synchronises internally.
 unsafe impl Sync for Buffer {}
 
-/// Buffers alive in this process; a leak shows as a count that grows.
-static LIVE_BUFFERS: AtomicU64 = AtomicU64::new(0);
-
-/// The number of `Buffer`s alive now (every client).
-pub fn live_buffers() -> u64 {
-    LIVE_BUFFERS.load(Ordering::Relaxed)
-}
-
 impl Buffer {
     /// Takes ownership of `raw`, a buffer of `client`.
     pub(crate) fn from_raw(client: Arc<ClientInner>, raw: *mut PJRT_Buffer) -> Buffer {
-        LIVE_BUFFERS.fetch_add(1, Ordering::Relaxed);
+        // A leak shows as a count that grows.
+        metrics::add(Metric::LiveBuffers, 1);
         Buffer { client, raw }
     }
 }
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        LIVE_BUFFERS.fetch_sub(1, Ordering::Relaxed);
+        metrics::sub(Metric::LiveBuffers, 1);
         let mut args = sys::PJRT_Buffer_Destroy_Args::new();
         args.buffer = self.raw;
         // SAFETY: `raw` is owned by `self` and destroyed exactly once.

@@ -27,7 +27,7 @@ mod executable;
 mod plugin;
 pub(crate) mod sys;
 
-pub use buffer::{live_buffers, Buffer};
+pub use buffer::Buffer;
 pub use client::{Client, CreateOption, Device, MemoryStats};
 pub use compile::CompileOptions;
 pub use executable::{ExecuteOptions, LoadedExecutable, ParameterType};
