@@ -5,12 +5,42 @@
 //! before that it reads as zeros. Views are `(offset, sizes, strides, dtype)`
 //! in elements, exactly as ATen keeps them.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
 use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client, Device};
+
+/// What storages need from the engine, which records pending values into
+/// them, captures graphs and checks indices on the device. Storage sits
+/// below the engine and never calls it; the engine installs this
+/// (`set_pending_work`) before it makes any pending value, capture or device
+/// check, so until then there is nothing for it to do.
+pub trait PendingWork: Sync {
+    /// Runs the pending graph of the device, which computes the pending
+    /// values of its storages.
+    fn flush_device(&self, client: &Client, device_index: usize) -> Result<()>;
+    /// A value is about to be read on the host (a capture in progress can
+    /// then no longer be replayed).
+    fn note_host_read(&self);
+    /// Raises the failure of a device-side check of a graph that already
+    /// ran (whose outputs a host read could otherwise see).
+    fn verify_checks(&self) -> Result<()>;
+}
+
+static PENDING_WORK: OnceLock<&'static dyn PendingWork> = OnceLock::new();
+
+/// Installs the engine's side of pending values; later calls keep the first.
+pub fn set_pending_work(work: &'static dyn PendingWork) {
+    let _ = PENDING_WORK.set(work);
+}
+
+fn flush_device(client: &Client, device_index: usize) -> Result<()> {
+    PENDING_WORK
+        .get()
+        .map_or(Ok(()), |work| work.flush_device(client, device_index))
+}
 
 /// What a storage holds now.
 #[derive(Clone)]
@@ -224,7 +254,7 @@ impl Storage {
         let value = self.recorded_value();
         let value = match value {
             StorageValue::Pending { .. } => {
-                crate::engine::deferred::flush_device(&self.client, self.device_index)?;
+                flush_device(&self.client, self.device_index)?;
                 self.recorded_value()
             }
             other => other,
@@ -298,14 +328,16 @@ impl Storage {
 
     /// All bytes of the storage on the host (zeros if never written).
     pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
-        crate::engine::capture::note_host_read();
+        if let Some(work) = PENDING_WORK.get() {
+            work.note_host_read();
+        }
         if let Some(copy) = self.state().host_copy.clone() {
             return Ok(copy.as_ref().clone());
         }
         let value = self.value()?;
         // Values reach the host only after the device checks of the graphs
         // before them passed.
-        crate::engine::deferred::verify_checks()?;
+        PENDING_WORK.get().map_or(Ok(()), |work| work.verify_checks())?;
         let value = match value {
             StorageValue::Buffer { .. } => self.value()?,
             other => other,
@@ -333,7 +365,7 @@ impl Storage {
         // A pending value would be installed over these bytes when its
         // graph runs: run it first (a failed value is simply replaced).
         if matches!(self.recorded_value(), StorageValue::Pending { .. }) {
-            crate::engine::deferred::flush_device(&self.client, self.device_index)?;
+            flush_device(&self.client, self.device_index)?;
         }
         let buffer =
             self.client

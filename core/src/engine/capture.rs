@@ -97,6 +97,7 @@ fn capture() -> MutexGuard<'static, Option<Capture>> {
 /// Starts recording a graph of `inputs` (on one device). What was pending
 /// runs first, so the graph holds only the captured ops.
 pub fn begin(inputs: &[TensorArg]) -> Result<()> {
+    super::install_pending_work();
     if capture().is_some() {
         return Err(Error::invalid(
             "graph capture",

@@ -23,7 +23,7 @@ use crate::ir::{BinaryOp, Graph, Literal, Node, TensorType, UnaryOp, ValueId};
 use crate::metrics::{self, Metric};
 use crate::ops;
 use crate::runtime::{Buffer, Client, ExecuteOptions};
-use crate::storage::{Storage, StorageValue, View};
+use crate::storage::{self, PendingWork, Storage, StorageValue, View};
 
 /// A tensor argument: a view of a storage.
 #[derive(Clone)]
@@ -83,6 +83,29 @@ pub enum Output {
     None,
 }
 
+/// The engine's side of storages' pending values (`storage::PendingWork`).
+struct EngineWork;
+
+impl PendingWork for EngineWork {
+    fn flush_device(&self, client: &Client, device_index: usize) -> Result<()> {
+        deferred::flush_device(client, device_index)
+    }
+
+    fn note_host_read(&self) {
+        capture::note_host_read()
+    }
+
+    fn verify_checks(&self) -> Result<()> {
+        deferred::verify_checks()
+    }
+}
+
+/// Called by the entries that can make pending values, captures or device
+/// checks (op calls, captures) before they do.
+pub(super) fn install_pending_work() {
+    storage::set_pending_work(&EngineWork);
+}
+
 /// Schema names of the ops the engine runs; an op's id is its index here.
 pub fn op_names() -> Vec<&'static str> {
     ops::table().iter().map(|op| op.name).collect()
@@ -98,6 +121,7 @@ pub fn call(client: &Client, op: usize, args: &[Arg]) -> Result<Vec<Output>> {
     let def = ops::table()
         .get(op)
         .ok_or_else(|| Error::invalid("op id", format!("less than {}", ops::table().len()), op))?;
+    install_pending_work();
     let start = Instant::now();
     let mut builder = Builder::new(client, def.name, args);
     let deferred = builder.deferred;
