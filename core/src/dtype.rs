@@ -3,8 +3,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::runtime::sys::PJRT_Buffer_Type;
-
 use crate::error::Error;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -98,34 +96,6 @@ impl DType {
             DType::C128 => "complex<f64>",
         }
     }
-
-    pub fn to_pjrt(self) -> PJRT_Buffer_Type {
-        use crate::runtime::sys::*;
-        match self {
-            DType::Bool => PJRT_Buffer_Type_PJRT_Buffer_Type_PRED,
-            DType::I8 => PJRT_Buffer_Type_PJRT_Buffer_Type_S8,
-            DType::I16 => PJRT_Buffer_Type_PJRT_Buffer_Type_S16,
-            DType::I32 => PJRT_Buffer_Type_PJRT_Buffer_Type_S32,
-            DType::I64 => PJRT_Buffer_Type_PJRT_Buffer_Type_S64,
-            DType::U8 => PJRT_Buffer_Type_PJRT_Buffer_Type_U8,
-            DType::U16 => PJRT_Buffer_Type_PJRT_Buffer_Type_U16,
-            DType::U32 => PJRT_Buffer_Type_PJRT_Buffer_Type_U32,
-            DType::U64 => PJRT_Buffer_Type_PJRT_Buffer_Type_U64,
-            DType::F16 => PJRT_Buffer_Type_PJRT_Buffer_Type_F16,
-            DType::BF16 => PJRT_Buffer_Type_PJRT_Buffer_Type_BF16,
-            DType::F32 => PJRT_Buffer_Type_PJRT_Buffer_Type_F32,
-            DType::F64 => PJRT_Buffer_Type_PJRT_Buffer_Type_F64,
-            DType::C64 => PJRT_Buffer_Type_PJRT_Buffer_Type_C64,
-            DType::C128 => PJRT_Buffer_Type_PJRT_Buffer_Type_C128,
-        }
-    }
-
-    pub fn from_pjrt(raw: PJRT_Buffer_Type) -> Result<DType, Error> {
-        DType::ALL
-            .into_iter()
-            .find(|d| d.to_pjrt() == raw)
-            .ok_or(Error::UnsupportedBufferType { raw })
-    }
 }
 
 impl fmt::Display for DType {
@@ -155,7 +125,6 @@ mod tests {
     fn names_round_trip() {
         for dtype in DType::ALL {
             assert_eq!(dtype.as_str().parse::<DType>().unwrap(), dtype);
-            assert_eq!(DType::from_pjrt(dtype.to_pjrt()).unwrap(), dtype);
         }
         assert!("float8".parse::<DType>().is_err());
     }

@@ -4,6 +4,7 @@
 //! `error` are shared vocabulary. This crate exports no symbols: the `rtpu`
 //! crate in `ffi/` is the C face of it.
 
+pub mod builder;
 pub mod dtype;
 pub mod engine;
 pub mod error;

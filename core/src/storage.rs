@@ -337,7 +337,9 @@ impl Storage {
         let value = self.value()?;
         // Values reach the host only after the device checks of the graphs
         // before them passed.
-        PENDING_WORK.get().map_or(Ok(()), |work| work.verify_checks())?;
+        PENDING_WORK
+            .get()
+            .map_or(Ok(()), |work| work.verify_checks())?;
         let value = match value {
             StorageValue::Buffer { .. } => self.value()?,
             other => other,

@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
-use super::{cache, host_input, Builder, Output, ParamSource, PendingOutput};
+use super::{cache, host_input};
+use crate::builder::{Builder, Output, ParamSource, PendingOutput};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ir::{Graph, Node, TensorType, ValueId};

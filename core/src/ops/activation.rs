@@ -2,8 +2,8 @@
 //! elu, leaky_relu, hardtanh, hardswish.
 
 use super::{finish, is_float, op, Form, OpDef};
+use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
-use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, UnaryOp, ValueId};
 

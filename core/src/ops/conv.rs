@@ -3,7 +3,7 @@
 //! follows the standard transposition rules (as JAX derives them).
 
 use super::{is_float, op, OpDef};
-use crate::engine::{Arg, Builder};
+use crate::builder::{Arg, Builder};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, ReduceOp, ValueId};
 

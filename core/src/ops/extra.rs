@@ -4,8 +4,8 @@
 
 use super::reduce::accumulate_dtype;
 use super::{broadcast_all, finish, is_float, op, operand, result_type, wrap_dim, Form, OpDef};
+use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
-use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, UnaryOp, ValueId};
 

@@ -2,8 +2,8 @@
 //! tensor of the list.
 
 use super::{can_cast, is_float, is_integral, op, promote_types, OpDef};
+use crate::builder::{Arg, Builder, TensorArg};
 use crate::dtype::DType;
-use crate::engine::{Arg, Builder, TensorArg};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Literal, UnaryOp, ValueId};
 

@@ -6,36 +6,12 @@
 //! result sizes, so these ops synchronise with the device.
 
 use super::{finish, is_float, op, wrap_dim, Form, OpDef};
+use crate::builder::{Arg, Builder, TensorArg};
 use crate::dtype::DType;
-use crate::engine::{Arg, Builder, TensorArg};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
 
-/// Host values of an integer or bool tensor, row-major.
-pub(crate) fn host_values(t: &TensorArg) -> Result<Vec<i64>> {
-    let bytes = t.storage.read_view(&t.view)?;
-    let chunk = |n: usize| bytes.chunks_exact(n);
-    Ok(match t.view.dtype {
-        DType::I64 => chunk(8)
-            .map(|c| i64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect(),
-        DType::I32 => chunk(4)
-            .map(|c| i32::from_ne_bytes(c.try_into().unwrap_or([0; 4])) as i64)
-            .collect(),
-        DType::I16 => chunk(2)
-            .map(|c| i16::from_ne_bytes(c.try_into().unwrap_or([0; 2])) as i64)
-            .collect(),
-        DType::I8 => bytes.iter().map(|&v| v as i8 as i64).collect(),
-        DType::U8 | DType::Bool => bytes.iter().map(|&v| v as i64).collect(),
-        other => {
-            return Err(Error::invalid(
-                "index tensor",
-                "an integer or bool tensor",
-                other,
-            ))
-        }
-    })
-}
+pub(crate) use crate::builder::host_values;
 
 fn row_major_strides(sizes: &[i64]) -> Vec<i64> {
     let mut strides = vec![1i64; sizes.len()];

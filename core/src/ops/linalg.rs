@@ -2,7 +2,7 @@
 
 use super::reduce::accumulate_dtype;
 use super::{finish, op, Form, OpDef};
-use crate::engine::Builder;
+use crate::builder::Builder;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, ValueId};
 
@@ -62,7 +62,7 @@ fn addmm(b: &mut Builder, form: Form) -> Result<()> {
     let dtype = b.dtype(x);
     let mut out = product(b, x, y, (&[], &[]), (&[1], &[0]))?;
     let dims = b.dims(out);
-    if b.num_args() > 4 && !matches!(b.arg(4)?, crate::engine::Arg::Int(1)) {
+    if b.num_args() > 4 && !matches!(b.arg(4)?, crate::builder::Arg::Int(1)) {
         let alpha = b.scalar_arg(4, dtype)?;
         let alpha = b.broadcast_to(alpha, &dims)?;
         out = b.binary(BinaryOp::Mul, out, alpha)?;
@@ -70,13 +70,13 @@ fn addmm(b: &mut Builder, form: Form) -> Result<()> {
     let beta_zero = b.num_args() > 3
         && matches!(
             b.arg(3)?,
-            crate::engine::Arg::Int(0) | crate::engine::Arg::Float(0.0)
+            crate::builder::Arg::Int(0) | crate::builder::Arg::Float(0.0)
         );
     if !beta_zero {
         let s = b.tensor(0)?;
         let s = b.convert(s, dtype);
         let mut s = b.broadcast_to(s, &dims)?;
-        if b.num_args() > 3 && !matches!(b.arg(3)?, crate::engine::Arg::Int(1)) {
+        if b.num_args() > 3 && !matches!(b.arg(3)?, crate::builder::Arg::Int(1)) {
             let beta = b.scalar_arg(3, dtype)?;
             let beta = b.broadcast_to(beta, &dims)?;
             s = b.binary(BinaryOp::Mul, s, beta)?;

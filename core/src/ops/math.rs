@@ -3,8 +3,8 @@
 //! in-place form; one lowering per family reads the op's base name.
 
 use super::{broadcast_all, finish, is_float, is_integral, op, operand, result_type, Form, OpDef};
+use crate::builder::Builder;
 use crate::dtype::DType;
-use crate::engine::Builder;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, UnaryOp, ValueId};
 

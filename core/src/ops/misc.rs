@@ -1,8 +1,8 @@
 //! Concatenation, indexing, ranges and random fills.
 
 use super::{is_float, op, promote_types, wrap_dim, OpDef};
+use crate::builder::{Arg, Builder, TensorArg};
 use crate::dtype::DType;
-use crate::engine::{Arg, Builder, TensorArg};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Literal, UnaryOp, ValueId};
 

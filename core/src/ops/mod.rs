@@ -23,8 +23,8 @@ mod resample;
 
 use std::sync::OnceLock;
 
+use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
-use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
 use crate::ir::ValueId;
 

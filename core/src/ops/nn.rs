@@ -2,8 +2,8 @@
 //! losses (and backwards).
 
 use super::{is_float, op, wrap_dim, OpDef};
+use crate::builder::Builder;
 use crate::dtype::DType;
-use crate::engine::Builder;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, UnaryOp, ValueId};
 

@@ -2,8 +2,8 @@
 //! embedding backward.
 
 use super::{is_float, op, OpDef};
+use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
-use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Literal, ReduceOp, UnaryOp, ValueId};
 

@@ -2,8 +2,8 @@
 //! and copies, each in functional, in-place and `.out` form.
 
 use super::{broadcast_all, finish, is_float, is_integral, op, operand, result_type, Form, OpDef};
+use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
-use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, UnaryOp, ValueId};
 

@@ -4,8 +4,8 @@
 //! backwards scatter-add into the input.
 
 use super::{is_float, op, OpDef};
+use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
-use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
 

@@ -1,8 +1,8 @@
 //! Reductions: sum, mean, amax, argmax.
 
 use super::{is_float, is_integral, op, wrap_dim, OpDef};
+use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
-use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
 

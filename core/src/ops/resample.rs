@@ -7,8 +7,8 @@
 //! scatter-adds.
 
 use super::{is_float, op, OpDef};
+use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
-use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Literal, ValueId};
 

@@ -41,6 +41,36 @@ impl Drop for Buffer {
     }
 }
 
+/// PJRT's element type for `dtype`.
+pub(crate) fn pjrt_type(dtype: DType) -> sys::PJRT_Buffer_Type {
+    use sys::*;
+    match dtype {
+        DType::Bool => PJRT_Buffer_Type_PJRT_Buffer_Type_PRED,
+        DType::I8 => PJRT_Buffer_Type_PJRT_Buffer_Type_S8,
+        DType::I16 => PJRT_Buffer_Type_PJRT_Buffer_Type_S16,
+        DType::I32 => PJRT_Buffer_Type_PJRT_Buffer_Type_S32,
+        DType::I64 => PJRT_Buffer_Type_PJRT_Buffer_Type_S64,
+        DType::U8 => PJRT_Buffer_Type_PJRT_Buffer_Type_U8,
+        DType::U16 => PJRT_Buffer_Type_PJRT_Buffer_Type_U16,
+        DType::U32 => PJRT_Buffer_Type_PJRT_Buffer_Type_U32,
+        DType::U64 => PJRT_Buffer_Type_PJRT_Buffer_Type_U64,
+        DType::F16 => PJRT_Buffer_Type_PJRT_Buffer_Type_F16,
+        DType::BF16 => PJRT_Buffer_Type_PJRT_Buffer_Type_BF16,
+        DType::F32 => PJRT_Buffer_Type_PJRT_Buffer_Type_F32,
+        DType::F64 => PJRT_Buffer_Type_PJRT_Buffer_Type_F64,
+        DType::C64 => PJRT_Buffer_Type_PJRT_Buffer_Type_C64,
+        DType::C128 => PJRT_Buffer_Type_PJRT_Buffer_Type_C128,
+    }
+}
+
+/// The dtype of PJRT element type `raw`.
+pub(crate) fn dtype_of(raw: sys::PJRT_Buffer_Type) -> Result<DType> {
+    DType::ALL
+        .into_iter()
+        .find(|&d| pjrt_type(d) == raw)
+        .ok_or(Error::UnsupportedBufferType { raw })
+}
+
 /// Number of elements of `dims`, or an error for negative or overflowing dims.
 pub(crate) fn element_count(dims: &[i64]) -> Result<usize> {
     dims.iter().try_fold(1usize, |n, &d| {
@@ -82,7 +112,7 @@ impl Client {
         let mut args = sys::PJRT_Client_BufferFromHostBuffer_Args::new();
         args.client = self.inner.raw;
         args.data = data.as_ptr().cast();
-        args.type_ = dtype.to_pjrt();
+        args.type_ = pjrt_type(dtype);
         args.dims = dims.as_ptr();
         args.num_dims = dims.len();
         // PJRT copies the data before the call returns, so `data` need not outlive it.
@@ -111,7 +141,7 @@ impl Buffer {
         args.buffer = self.raw;
         // SAFETY: live buffer.
         unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_ElementType, &mut args) }?;
-        DType::from_pjrt(args.type_)
+        dtype_of(args.type_)
     }
 
     pub fn dims(&self) -> Result<Vec<i64>> {
@@ -237,6 +267,18 @@ impl fmt::Debug for Buffer {
         match (self.dtype(), self.dims()) {
             (Ok(dtype), Ok(dims)) => write!(f, "Buffer({dtype}{dims:?})"),
             _ => write!(f, "Buffer({:p})", self.raw),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_round_trips_through_pjrt() {
+        for dtype in DType::ALL {
+            assert_eq!(dtype_of(pjrt_type(dtype)).unwrap(), dtype);
         }
     }
 }

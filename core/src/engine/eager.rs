@@ -1,0 +1,166 @@
+//! Eager execution: one op's graph runs as its own program now, and its
+//! results are installed; in deferred mode it is recorded instead.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use super::{cache, deferred};
+use crate::builder::{Builder, Output, ParamSource, PendingOutput, Recording};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::TensorType;
+use crate::metrics::{self, Metric};
+use crate::runtime::{Buffer, Client, ExecuteOptions};
+use crate::storage::{Storage, View};
+
+/// TPUs have no 64-bit floats: a float64 (or complex128) op there is a
+/// clear error, never a silently narrowed result.
+fn check_platform_dtypes(b: &Builder) -> Result<()> {
+    if !b.client.platform_name()?.eq_ignore_ascii_case("tpu") {
+        return Ok(());
+    }
+    let wide = |t: &TensorType| matches!(t.dtype, DType::F64 | DType::C128);
+    let uses_wide = b.graph.params.iter().any(wide) || b.graph.nodes.iter().any(|(_, t)| wide(t));
+    if uses_wide {
+        return Err(Error::invalid(
+            format!("{}: dtype", b.op),
+            "a dtype the TPU supports (float32, bfloat16, float16, integers, bool)",
+            "float64, which TPUs do not have; convert with .float() first",
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn run(mut b: Builder) -> Result<Vec<Output>> {
+    let device_index = b.device_index.unwrap_or(0);
+    let mut graph_outputs = Vec::new();
+    for out in &b.outputs {
+        if let PendingOutput::New { value, .. } = out {
+            graph_outputs.push(*value);
+        }
+    }
+    let written: Vec<usize> = (0..b.slots.len()).filter(|&i| b.slots[i].written).collect();
+    for &i in &written {
+        graph_outputs.push(b.slots[i].flat);
+    }
+    if graph_outputs.is_empty() {
+        return Ok(b
+            .outputs
+            .iter()
+            .map(|o| match o {
+                PendingOutput::Alias(i) => Output::Alias(*i),
+                PendingOutput::None => Output::None,
+                PendingOutput::New { .. } => unreachable!("a new output is a graph output"),
+            })
+            .collect());
+    }
+    check_platform_dtypes(&b)?;
+    if b.mode != Recording::Eager {
+        return deferred::record(b, device_index);
+    }
+    b.graph.outputs = graph_outputs;
+    let exe = cache::executable(b.client, device_index, &b.graph, None)?;
+    let device = b.client.device(device_index)?;
+    let mut args = Vec::with_capacity(b.sources.len());
+    for source in &b.sources {
+        args.push(match source {
+            ParamSource::Storage(buffer) => buffer.clone(),
+            ParamSource::Host { bytes, dtype, dims } => {
+                host_input(b.client, device_index, &device, bytes, *dtype, dims)?
+            }
+            ParamSource::Recorded { .. } => {
+                return Err(Error::invalid(
+                    format!("{}: an input", b.op),
+                    "a device buffer in eager mode",
+                    "a value recorded for deferred mode",
+                ))
+            }
+        });
+    }
+    let args: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
+    let start = Instant::now();
+    let launched = exe.execute(
+        &[&args],
+        // Later reads wait for the values; the host goes on meanwhile.
+        &ExecuteOptions {
+            donate: Vec::new(),
+            asynchronous: true,
+        },
+    );
+    metrics::add_elapsed(Metric::ExecuteNs, start);
+    let mut results = launched?.into_iter().next().unwrap_or_default().into_iter();
+
+    let mut outputs = Vec::with_capacity(b.outputs.len());
+    for out in &b.outputs {
+        outputs.push(match out {
+            PendingOutput::Alias(i) => Output::Alias(*i),
+            PendingOutput::None => Output::None,
+            PendingOutput::New { value, sizes } => {
+                let buffer = results
+                    .next()
+                    .ok_or_else(|| Error::invalid("program outputs", "one per result", "fewer"))?;
+                let dtype = b.graph.ty(*value).dtype;
+                let storage = Storage::from_buffer(b.client, device_index, buffer, dtype)?;
+                Output::New {
+                    storage,
+                    view: View::contiguous(sizes, dtype),
+                }
+            }
+        });
+    }
+    for &i in &written {
+        let buffer = results
+            .next()
+            .ok_or_else(|| Error::invalid("program outputs", "one per written storage", "fewer"))?;
+        let dtype = b.graph.ty(b.slots[i].flat).dtype;
+        b.slots[i].storage.set_value(buffer, dtype)?;
+    }
+    Ok(outputs)
+}
+
+type HostInputKey = (usize, usize, DType, Vec<i64>, Vec<u8>);
+
+/// A device buffer holding small host input `bytes`. Scalars repeat (a fixed
+/// learning rate, alpha = -1, eps), so buffers are cached by value: an
+/// upload costs more than the op itself on small tensors. Buffers passed as
+/// inputs are never donated, so sharing them is safe.
+pub(crate) fn host_input(
+    client: &Client,
+    device_index: usize,
+    device: &crate::runtime::Device,
+    bytes: &[u8],
+    dtype: DType,
+    dims: &[i64],
+) -> Result<Arc<Buffer>> {
+    const MAX_ENTRIES: usize = 4096;
+    // Only scalars and tiny tensors repeat often enough to be worth keeping.
+    const MAX_CACHED_BYTES: usize = 64;
+    if bytes.len() > MAX_CACHED_BYTES {
+        metrics::add(Metric::HostToDeviceBytes, bytes.len() as u64);
+        return Ok(Arc::new(
+            client.buffer_from_host(bytes, dtype, dims, device)?,
+        ));
+    }
+    static CACHE: OnceLock<Mutex<HashMap<HostInputKey, Arc<Buffer>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (
+        client.id(),
+        device_index,
+        dtype,
+        dims.to_vec(),
+        bytes.to_vec(),
+    );
+    if let Some(buffer) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(buffer.clone());
+    }
+    metrics::add(Metric::HostToDeviceBytes, bytes.len() as u64);
+    let buffer = Arc::new(client.buffer_from_host(bytes, dtype, dims, device)?);
+    let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if cache.len() >= MAX_ENTRIES {
+        // Values that change every step would grow the cache without bound.
+        cache.clear();
+    }
+    cache.insert(key, buffer.clone());
+    Ok(buffer)
+}
