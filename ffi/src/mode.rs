@@ -3,7 +3,7 @@
 
 use std::ffi::c_char;
 
-use rtpu_core::engine::{cache, deferred};
+use rtpu_core::engine::{cache, deferred, location, mode};
 
 use crate::boundary::{c_str, fallible, infallible};
 use crate::error::{rtpu_error, FfiError};
@@ -39,7 +39,7 @@ pub extern "C" fn rtpu_engine_set_mode(mode: u32) -> *mut rtpu_error {
 #[no_mangle]
 pub extern "C" fn rtpu_engine_mode() -> u32 {
     infallible(RTPU_MODE_EAGER, || {
-        if deferred::is_deferred() {
+        if mode::is_recording() {
             RTPU_MODE_DEFERRED
         } else {
             RTPU_MODE_EAGER
@@ -84,7 +84,7 @@ pub extern "C" fn rtpu_location_intern(text: *const c_char) -> u32 {
         }
         // SAFETY: non-NULL and NUL-terminated per the contract.
         match unsafe { c_str(text, "text") } {
-            Ok(text) => deferred::intern_location(text),
+            Ok(text) => location::intern_location(text),
             Err(_) => 0,
         }
     })
@@ -94,7 +94,7 @@ pub extern "C" fn rtpu_location_intern(text: *const c_char) -> u32 {
 /// (what errors and recompile explanations name). Thread-safe (per thread).
 #[no_mangle]
 pub extern "C" fn rtpu_location_set_current(location: u32) {
-    infallible((), || deferred::set_current_location(location))
+    infallible((), || location::set_current_location(location))
 }
 
 /// Prints an explanation of every recompile to stderr when `on` (also

@@ -153,6 +153,9 @@ int main(void) {
   /* Capture y = x * x once, replay it on another input. */
   CHECK_OK(rtpu_capture_begin(rt, &xr, 1));
   rtpu_storage *captured_out = square(rt, x);
+  /* The mode stays put until the capture ends. */
+  CHECK_ERROR(rtpu_engine_set_mode(RTPU_MODE_EAGER), INVALID, "being captured");
+  CHECK(rtpu_engine_mode() == RTPU_MODE_DEFERRED);
   rtpu_tensor_ref out_ref = vector_of(captured_out);
   rtpu_graph *graph = NULL;
   CHECK_OK(rtpu_capture_end(rt, &out_ref, 1, "deferred.c: capture", &graph));

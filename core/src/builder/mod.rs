@@ -147,21 +147,22 @@ pub struct Builder<'a> {
     pub(crate) slots: Vec<StorageSlot>,
     pub(crate) outputs: Vec<PendingOutput>,
     pub(crate) device_index: Option<usize>,
-    pub(crate) mode: Recording,
+    pub(crate) mode: Mode,
     /// Device-side checks (deferred mode): a bool flag that is true when
     /// the op's input was bad, and the error to raise then.
     pub(crate) checks: Vec<(ValueId, Error)>,
 }
 
-/// How the graph being built will run: what its lowering may rely on.
+/// The execution mode: how the graph being built will run, which is what
+/// its lowering may rely on (the engine's `mode` module switches it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Recording {
+pub enum Mode {
     /// Run as its own program as soon as it is built.
     Eager,
     /// Recorded into the device's pending graph.
     Deferred,
     /// Recorded into a graph being captured for replay.
-    Captured,
+    Capture,
 }
 
 impl<'a> Builder<'a> {
@@ -169,7 +170,7 @@ impl<'a> Builder<'a> {
         client: &'a Client,
         op: &'static str,
         args: &'a [Arg],
-        mode: Recording,
+        mode: Mode,
     ) -> Builder<'a> {
         Builder {
             client,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{host_values, Builder, ParamSource, PendingOutput, Recording, StorageSlot, TensorArg};
+use super::{host_values, Builder, Mode, ParamSource, PendingOutput, StorageSlot, TensorArg};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Literal, Node, TensorType, ValueId};
@@ -27,9 +27,9 @@ impl<'a> Builder<'a> {
     ) -> Result<()> {
         // A captured graph checks on the device too, so its replays do.
         let on_device = match self.mode {
-            Recording::Eager => false,
-            Recording::Captured => true,
-            Recording::Deferred => {
+            Mode::Eager => false,
+            Mode::Capture => true,
+            Mode::Deferred => {
                 matches!(t.storage.recorded_value(), StorageValue::Pending { .. })
             }
         };
@@ -74,7 +74,7 @@ impl<'a> Builder<'a> {
             return Ok(i);
         }
         self.use_device(storage.device_index())?;
-        let value = if self.mode != Recording::Eager {
+        let value = if self.mode != Mode::Eager {
             storage.recorded_value()
         } else {
             storage.value()?
@@ -82,7 +82,7 @@ impl<'a> Builder<'a> {
         let flat = match value {
             StorageValue::Buffer { buffer, dtype } => {
                 let elements = storage.elements(dtype)? as i64;
-                let source = if self.mode != Recording::Eager {
+                let source = if self.mode != Mode::Eager {
                     ParamSource::Recorded {
                         storage: storage.clone(),
                         view: view.clone(),

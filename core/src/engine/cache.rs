@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
-use super::deferred::{location_text, RecordedOp};
+use super::deferred::RecordedOp;
+use super::location::location_text;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, TensorType};
 use crate::lower::lower;

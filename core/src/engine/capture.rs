@@ -6,11 +6,12 @@
 //! graph writes (optimizer state, BatchNorm statistics) take their new
 //! values in place.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use super::deferred::{self, CapturedOutput, RanGraph, RecordedOp, Source, SplicedParam};
+use super::mode::{self, Mode};
+use super::{checks, location};
 use super::{host_input, Output, TensorArg};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
@@ -75,15 +76,8 @@ struct Capture {
     /// Each input's buffer when the capture began.
     buffers: Vec<Option<Arc<Buffer>>>,
     device_index: usize,
-    was_deferred: bool,
-}
-
-/// Set while a capture records: checks that would read values on the host
-/// go to the device instead, so replays check too.
-static CAPTURING: AtomicBool = AtomicBool::new(false);
-
-pub fn is_capturing() -> bool {
-    CAPTURING.load(Ordering::Relaxed)
+    /// The mode to return to when the capture ends.
+    before: Mode,
 }
 
 fn capture() -> MutexGuard<'static, Option<Capture>> {
@@ -127,10 +121,9 @@ pub fn begin(inputs: &[TensorArg]) -> Result<()> {
         broken: None,
         buffers,
         device_index,
-        was_deferred: deferred::is_deferred(),
+        before: mode::current(),
     });
-    CAPTURING.store(true, Ordering::Relaxed);
-    deferred::set_mode_flag(true);
+    mode::enter(Mode::Capture);
     Ok(())
 }
 
@@ -138,8 +131,7 @@ pub fn begin(inputs: &[TensorArg]) -> Result<()> {
 /// runs at the next flush. Nothing happens without a capture.
 pub fn abandon() {
     if let Some(state) = capture().take() {
-        CAPTURING.store(false, Ordering::Relaxed);
-        deferred::set_mode_flag(state.was_deferred);
+        mode::enter(state.before);
     }
 }
 
@@ -154,10 +146,9 @@ pub fn end(
     let state = capture()
         .take()
         .ok_or_else(|| Error::invalid("graph capture", "a capture to end", "none began"))?;
-    CAPTURING.store(false, Ordering::Relaxed);
-    let site = deferred::intern_location(site);
+    let site = location::intern_location(site);
     let ran = deferred::run_for_capture(client, state.device_index, site);
-    deferred::set_mode_flag(state.was_deferred);
+    mode::enter(state.before);
     let Some(ran) = ran? else {
         return Ok(Err("the graph computes nothing on the device".to_string()));
     };
@@ -170,10 +161,10 @@ pub fn end(
 /// Called whenever a pending graph runs: during a capture that splits the
 /// recorded ops, so they cannot be replayed as one graph.
 pub(super) fn note_flush(site: u32) {
-    if is_capturing() {
+    if mode::current() == Mode::Capture {
         broken(format!(
             "part of it ran before its end (a host read or a CPU fallback at {})",
-            deferred::location_text(site)
+            location::location_text(site)
         ));
     }
 }
@@ -182,7 +173,7 @@ pub(super) fn note_flush(site: u32) {
 /// the recorded graph may depend on them (shapes, gathered positions), so
 /// replaying it on other inputs could be wrong.
 pub(crate) fn note_host_read() {
-    if is_capturing() {
+    if mode::current() == Mode::Capture {
         broken("an op read tensor values on the host".to_string());
     }
 }
@@ -371,11 +362,11 @@ impl CapturedGraph {
                 ));
             }
         }
-        if deferred::is_deferred() && !is_capturing() {
+        if mode::current() == Mode::Deferred {
             return self.record(inputs);
         }
         // An earlier graph's failed check means these inputs may be wrong.
-        deferred::verify_checks()?;
+        checks::verify_checks()?;
         let mut input_buffers = Vec::with_capacity(inputs.len());
         for input in inputs {
             input_buffers.push(match input.storage.value()? {
@@ -452,7 +443,7 @@ impl CapturedGraph {
             }
         }
         self.alias_inputs(inputs, &mut outputs);
-        deferred::watch_checks(
+        checks::watch_checks(
             self.site,
             &self.ops,
             flags,

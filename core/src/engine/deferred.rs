@@ -8,12 +8,14 @@
 //! alive become outputs, so intermediates freed during the step cost nothing,
 //! and the buffers of storages the graph overwrites are donated to it.
 
-use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
+use super::checks::{latest_outputs, verify_checks, watch_checks};
+use super::failure::{find_culprit, graph_error};
+use super::location::{current_location, intern_location};
+use super::mode::{self, Mode};
 use super::{cache, host_input};
 use crate::builder::{Builder, Output, ParamSource, PendingOutput};
 use crate::dtype::DType;
@@ -27,80 +29,30 @@ use crate::storage::{Storage, StorageValue, View};
 /// program that never reaches a sync point still runs in bounded pieces.
 const MAX_PENDING_NODES: usize = 1 << 18;
 
-static DEFERRED: AtomicBool = AtomicBool::new(false);
-
-/// True when ops are recorded rather than run. Process-wide: the autograd
-/// engine runs backward ops on its own threads.
-pub fn is_deferred() -> bool {
-    DEFERRED.load(Ordering::Relaxed)
-}
-
 /// Switches between eager and deferred execution. Leaving deferred mode
-/// flushes every pending graph first.
+/// runs every pending graph (its error, if any, is returned; the mode is
+/// eager either way). Refused during a capture.
 pub fn set_deferred(deferred: bool) -> Result<()> {
-    if !deferred && is_deferred() {
-        DEFERRED.store(false, Ordering::Relaxed);
-        return flush_all(None);
+    let target = if deferred {
+        Mode::Deferred
+    } else {
+        Mode::Eager
+    };
+    match mode::current() {
+        Mode::Capture => Err(Error::invalid(
+            "the execution mode",
+            "no change while a graph is being captured",
+            format!("a switch to {target:?}"),
+        )),
+        Mode::Deferred if !deferred => {
+            mode::enter(Mode::Eager);
+            flush_all(None)
+        }
+        _ => {
+            mode::enter(target);
+            Ok(())
+        }
     }
-    DEFERRED.store(deferred, Ordering::Relaxed);
-    Ok(())
-}
-
-// ----- where ops come from ----------------------------------------------
-
-thread_local! {
-    static CURRENT_LOCATION: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Interned location texts: by id, and ids by text.
-struct Locations {
-    texts: Vec<String>,
-    ids: HashMap<String, u32>,
-}
-
-fn locations() -> MutexGuard<'static, Locations> {
-    static LOCATIONS: OnceLock<Mutex<Locations>> = OnceLock::new();
-    LOCATIONS
-        .get_or_init(|| {
-            Mutex::new(Locations {
-                texts: vec!["an unknown line".to_string()],
-                ids: HashMap::new(),
-            })
-        })
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
-/// The id of a source location ("train.py:42 in step"); equal texts share
-/// an id. Id 0 is the unknown location.
-pub fn intern_location(text: &str) -> u32 {
-    let mut table = locations();
-    if let Some(&id) = table.ids.get(text) {
-        return id;
-    }
-    let id = table.texts.len() as u32;
-    table.texts.push(text.to_string());
-    table.ids.insert(text.to_string(), id);
-    id
-}
-
-/// The text of location `id`.
-pub fn location_text(id: u32) -> String {
-    let table = locations();
-    table
-        .texts
-        .get(id as usize)
-        .unwrap_or(&table.texts[0])
-        .clone()
-}
-
-/// Sets the location the calling thread's next ops are recorded at.
-pub fn set_current_location(id: u32) {
-    CURRENT_LOCATION.with(|c| c.set(id));
-}
-
-pub fn current_location() -> u32 {
-    CURRENT_LOCATION.with(Cell::get)
 }
 
 // ----- the pending graphs -----------------------------------------------
@@ -452,12 +404,6 @@ pub(super) fn record(builder: Builder<'_>, device_index: usize) -> Result<Vec<Ou
     Ok(results)
 }
 
-/// Sets the mode without flushing (a capture hands its pending graph over
-/// itself).
-pub(super) fn set_mode_flag(deferred: bool) {
-    DEFERRED.store(deferred, Ordering::Relaxed);
-}
-
 /// Runs one device's pending graph for a capture (see `run_graph`).
 pub(super) fn run_for_capture(
     client: &Client,
@@ -548,110 +494,6 @@ pub fn flush_all(site: Option<&str>) -> Result<()> {
     first_error.map_or(Ok(()), Err)
 }
 
-/// The outputs of each device's latest graph (what `synchronize` waits for:
-/// every later graph reads the values of the ones before it).
-fn latest_outputs() -> MutexGuard<'static, Vec<Weak<Buffer>>> {
-    static LATEST: OnceLock<Mutex<Vec<Weak<Buffer>>>> = OnceLock::new();
-    LATEST
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
-/// Registers the check flags a graph's run produced, to be read at the next
-/// sync point; `latest` are the buffers it installed in `written`.
-pub(super) fn watch_checks(
-    site: u32,
-    ops: &[RecordedOp],
-    flags: Vec<Buffer>,
-    checks: &[((ErrorCode, String), usize)],
-    written: &[Arc<Storage>],
-    latest: &[Weak<Buffer>],
-) {
-    if flags.is_empty() {
-        return;
-    }
-    pending_checks().push(PendingCheck {
-        site,
-        ops: ops.to_vec(),
-        flags: flags
-            .into_iter()
-            .zip(checks.iter().cloned())
-            .map(|(flag, (error, op))| (flag, error, op))
-            .collect(),
-        outputs: written
-            .iter()
-            .map(Arc::downgrade)
-            .zip(latest.iter().cloned())
-            .collect(),
-    });
-}
-
-/// The device-side checks of a graph that ran, read at the next sync point.
-struct PendingCheck {
-    site: u32,
-    ops: Vec<RecordedOp>,
-    /// Per check: its flag, the error it raises (code, message), its op.
-    flags: Vec<(Buffer, (ErrorCode, String), usize)>,
-    /// The graph's outputs, failed if a check does: their values may be
-    /// wrong (XLA clamps out-of-range gathers).
-    outputs: Vec<(Weak<Storage>, Weak<Buffer>)>,
-}
-
-fn pending_checks() -> MutexGuard<'static, Vec<PendingCheck>> {
-    static CHECKS: OnceLock<Mutex<Vec<PendingCheck>>> = OnceLock::new();
-    CHECKS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
-/// Reads the flags of graphs that ran with device-side checks (waiting for
-/// them). A failed check is an error naming the op and its line; the
-/// graph's outputs then hold that error instead of their values.
-pub(crate) fn verify_checks() -> Result<()> {
-    let mut graphs = std::mem::take(&mut *pending_checks()).into_iter();
-    while let Some(graph) = graphs.next() {
-        let mut failed_op = None;
-        for (flag, _, op) in &graph.flags {
-            let start = Instant::now();
-            let bytes = flag.to_host();
-            metrics::add_elapsed(Metric::WaitNs, start);
-            if bytes?.first().is_some_and(|&b| b != 0) {
-                failed_op = Some(*op);
-                break;
-            }
-        }
-        let Some(op) = failed_op else {
-            continue;
-        };
-        // Later graphs stay to be checked at the next sync point.
-        pending_checks().extend(graphs.by_ref());
-        let Some((_, error, _)) = graph.flags.into_iter().find(|(_, _, o)| *o == op) else {
-            continue;
-        };
-        let error = graph_error(error, graph.site, &graph.ops, Some(op));
-        for (storage, buffer) in &graph.outputs {
-            let Some(storage) = storage.upgrade() else {
-                continue;
-            };
-            if let StorageValue::Buffer {
-                buffer: current, ..
-            } = storage.recorded_value()
-            {
-                if std::ptr::eq(Arc::as_ptr(&current), buffer.as_ptr()) {
-                    storage.set_recorded(StorageValue::Failed {
-                        code: error.code(),
-                        message: error.to_string(),
-                    });
-                }
-            }
-        }
-        return Err(error);
-    }
-    Ok(())
-}
-
 /// Flushes every pending graph and waits until the device has run them.
 pub fn synchronize() -> Result<()> {
     flush_all(None)?;
@@ -669,7 +511,7 @@ pub fn synchronize() -> Result<()> {
 
 /// The graph restricted to what `outputs` need, with parameters renumbered;
 /// also returns the old index of each kept parameter.
-fn prune(graph: &Graph, outputs: &[ValueId]) -> (Graph, Vec<usize>) {
+pub(super) fn prune(graph: &Graph, outputs: &[ValueId]) -> (Graph, Vec<usize>) {
     let n = graph.nodes.len();
     let mut live = vec![false; n];
     for &o in outputs {
@@ -708,59 +550,6 @@ fn prune(graph: &Graph, outputs: &[ValueId]) -> (Graph, Vec<usize>) {
         donors: Vec::new(),
     };
     (pruned, kept_params)
-}
-
-/// Graphs of at most this many ops are searched for the op that makes them
-/// fail (each probe compiles and runs a prefix of the graph).
-const MAX_OPS_TO_SEARCH: usize = 512;
-
-/// The first op whose prefix of the graph fails on its own: what a failed
-/// graph's error names. Bisects over prefixes, each run with every value it
-/// makes as an output (so nothing is pruned away) and nothing donated.
-fn find_culprit(
-    client: &Client,
-    device_index: usize,
-    graph: &Graph,
-    sources: &[Source],
-    op_ends: &[usize],
-) -> Option<usize> {
-    if op_ends.is_empty() || op_ends.len() > MAX_OPS_TO_SEARCH {
-        return None;
-    }
-    let fails = |op: usize| -> bool {
-        let end = op_ends[op];
-        let outputs: Vec<ValueId> = (0..end)
-            .filter(|&id| !matches!(graph.nodes[id].0, Node::Param(_) | Node::Constant(_)))
-            .collect();
-        if outputs.is_empty() {
-            return false;
-        }
-        let prefix = Graph {
-            params: graph.params.clone(),
-            nodes: graph.nodes[..end].to_vec(),
-            outputs: Vec::new(),
-            donors: Vec::new(),
-        };
-        let (prefix, kept) = prune(&prefix, &outputs);
-        execute(client, device_index, &prefix, &kept, sources, None).is_err()
-    };
-    let (mut good, mut bad) = (None::<usize>, op_ends.len() - 1);
-    if !fails(bad) {
-        return None;
-    }
-    // Invariant: prefix `bad` fails, prefix `good` (if any) runs.
-    loop {
-        let low = good.map_or(0, |g| g + 1);
-        if low >= bad {
-            return Some(bad);
-        }
-        let mid = low + (bad - low) / 2;
-        if fails(mid) {
-            bad = mid;
-        } else {
-            good = Some(mid);
-        }
-    }
 }
 
 /// A graph that ran for a capture (`capture::end`): what replaying it needs.
@@ -907,7 +696,7 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
     }
 }
 
-fn execute(
+pub(super) fn execute(
     client: &Client,
     device_index: usize,
     graph: &Graph,
@@ -947,48 +736,4 @@ fn execute(
         ));
     }
     Ok((exe, buffers))
-}
-
-/// Wraps a failure of a deferred graph with where its ops came from.
-fn graph_error(
-    (code, message): (ErrorCode, String),
-    site: u32,
-    ops: &[RecordedOp],
-    culprit: Option<usize>,
-) -> Error {
-    let mut lines: Vec<u32> = Vec::new();
-    for op in ops {
-        if op.location != 0 && !lines.contains(&op.location) {
-            lines.push(op.location);
-        }
-    }
-    let shown: Vec<String> = lines.iter().take(6).map(|&l| location_text(l)).collect();
-    let more = if lines.len() > shown.len() {
-        format!(" and {} more", lines.len() - shown.len())
-    } else {
-        String::new()
-    };
-    Error::DeferredGraph {
-        site: location_text(site),
-        ops: format!(
-            "{} ops recorded at {}{more}",
-            ops.len(),
-            if shown.is_empty() {
-                "unknown lines".to_string()
-            } else {
-                shown.join(", ")
-            }
-        ),
-        culprit: culprit
-            .map(|i| {
-                format!(
-                    " in op {i}, {} recorded at {}",
-                    ops[i].name,
-                    location_text(ops[i].location)
-                )
-            })
-            .unwrap_or_default(),
-        code,
-        message,
-    }
 }

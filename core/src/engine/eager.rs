@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use super::{cache, deferred};
-use crate::builder::{Builder, Output, ParamSource, PendingOutput, Recording};
+use crate::builder::{Builder, Mode, Output, ParamSource, PendingOutput};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::TensorType;
@@ -56,7 +56,7 @@ pub(super) fn run(mut b: Builder) -> Result<Vec<Output>> {
             .collect());
     }
     check_platform_dtypes(&b)?;
-    if b.mode != Recording::Eager {
+    if b.mode != Mode::Eager {
         return deferred::record(b, device_index);
     }
     b.graph.outputs = graph_outputs;

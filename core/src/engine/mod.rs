@@ -4,13 +4,17 @@
 
 pub mod cache;
 pub mod capture;
+mod checks;
 pub mod deferred;
 mod eager;
+mod failure;
+pub mod location;
+pub mod mode;
 
 use std::time::Instant;
 
+use crate::builder::Builder;
 pub use crate::builder::{Arg, Output, TensorArg};
-use crate::builder::{Builder, Recording};
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metric};
 use crate::ops;
@@ -32,7 +36,7 @@ impl PendingWork for EngineWork {
     }
 
     fn verify_checks(&self) -> Result<()> {
-        deferred::verify_checks()
+        checks::verify_checks()
     }
 }
 
@@ -59,17 +63,11 @@ pub fn call(client: &Client, op: usize, args: &[Arg]) -> Result<Vec<Output>> {
         .ok_or_else(|| Error::invalid("op id", format!("less than {}", ops::table().len()), op))?;
     install_pending_work();
     let start = Instant::now();
-    let mode = if !deferred::is_deferred() {
-        Recording::Eager
-    } else if capture::is_capturing() {
-        Recording::Captured
-    } else {
-        Recording::Deferred
-    };
-    let mut builder = Builder::new(client, def.name, args, mode);
+    let current = mode::current();
+    let mut builder = Builder::new(client, def.name, args, current);
     (def.lower)(&mut builder)?;
     let outputs = eager::run(builder)?;
-    if mode != Recording::Eager {
+    if current != mode::Mode::Eager {
         metrics::add_elapsed(Metric::RecordNs, start);
     } else {
         metrics::add(Metric::OpsRun, 1);
