@@ -35,40 +35,8 @@ import torch.nn.functional as F  # noqa: E402
 import rtpu  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-class GPT(torch.nn.Module):
-    def __init__(self, vocab=1024, d=256, heads=4, layers=4, context=128):
-        super().__init__()
-        self.heads = heads
-        self.tokens = torch.nn.Embedding(vocab, d)
-        self.positions = torch.nn.Embedding(context, d)
-        self.blocks = torch.nn.ModuleList(
-            torch.nn.ModuleDict(
-                dict(
-                    ln1=torch.nn.LayerNorm(d),
-                    qkv=torch.nn.Linear(d, 3 * d),
-                    proj=torch.nn.Linear(d, d),
-                    ln2=torch.nn.LayerNorm(d),
-                    up=torch.nn.Linear(d, 4 * d),
-                    down=torch.nn.Linear(4 * d, d),
-                )
-            )
-            for _ in range(layers)
-        )
-        self.ln = torch.nn.LayerNorm(d)
-        self.head = torch.nn.Linear(d, vocab)
-
-    def forward(self, idx):
-        b, t = idx.shape
-        x = self.tokens(idx) + self.positions(torch.arange(t, device=idx.device))
-        for blk in self.blocks:
-            q, k, v = blk["qkv"](blk["ln1"](x)).split(x.shape[-1], dim=2)
-            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + blk["proj"](a.transpose(1, 2).reshape(b, t, -1))
-            x = x + blk["down"](F.gelu(blk["up"](blk["ln2"](x))))
-        return self.head(self.ln(x))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+from gpt import GPT  # noqa: E402  (the examples' and tests' GPT)
 
 
 def mlp_setup(device):
@@ -81,7 +49,7 @@ def mlp_setup(device):
 
 
 def gpt_setup(device):
-    model = GPT().to(device)
+    model = GPT(vocab=1024, d=256, heads=4, layers=4, context=128).to(device)
     # capturable keeps AdamW's step counts on the device, so a compiled
     # optimizer step has no CPU inputs (and replays); the math is the same.
     optimizer = torch.optim.AdamW(

@@ -18,49 +18,19 @@ import time
 # CPU unless the caller asks otherwise; must be set before torch_xla loads.
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
+import sys
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch_xla
 import torch_xla.core.xla_model as xm
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from gpt import GPT  # noqa: E402  (the GPT rtpu's benchmark runs)
+
 MLP_BATCH = 128
 LAYERS, D, HEADS, T, GPT_BATCH, VOCAB = 4, 256, 4, 128, 8, 1024
-HEAD_DIM = D // HEADS
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(D)
-        self.qkv = nn.Linear(D, 3 * D)
-        self.proj = nn.Linear(D, D)
-        self.ln2 = nn.LayerNorm(D)
-        self.fc = nn.Linear(D, 4 * D)
-        self.fc_out = nn.Linear(4 * D, D)
-
-    def forward(self, x):
-        B = x.shape[0]
-        q, k, v = self.qkv(self.ln1(x)).split(D, dim=-1)
-        q, k, v = (t.view(B, T, HEADS, HEAD_DIM).transpose(1, 2) for t in (q, k, v))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attn.transpose(1, 2).reshape(B, T, D))
-        return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
-
-
-class GPT(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok_emb = nn.Embedding(VOCAB, D)
-        self.pos_emb = nn.Embedding(T, D)
-        self.blocks = nn.Sequential(*(Block() for _ in range(LAYERS)))
-        self.ln_f = nn.LayerNorm(D)
-        self.head = nn.Linear(D, VOCAB)
-
-    def forward(self, tokens):
-        positions = torch.arange(T, device=tokens.device)
-        x = self.tok_emb(tokens) + self.pos_emb(positions)
-        return self.head(self.ln_f(self.blocks(x)))
 
 
 def build(model_name):
@@ -74,7 +44,8 @@ def build(model_name):
         return model, (torch.optim.SGD, {"lr": 0.01}), inputs, labels
     inputs = torch.randint(0, VOCAB, (GPT_BATCH, T))
     labels = torch.randint(0, VOCAB, (GPT_BATCH, T))
-    return GPT(), (torch.optim.AdamW, {"lr": 3e-3, "weight_decay": 0.01}), inputs, labels
+    model = GPT(vocab=VOCAB, d=D, heads=HEADS, layers=LAYERS, context=T)
+    return model, (torch.optim.AdamW, {"lr": 3e-3, "weight_decay": 0.01}), inputs, labels
 
 
 def xla_device():

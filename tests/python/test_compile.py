@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import rtpu
-from test_models import GPT, assert_loss_goes_down, image_batches, small_cnn, token_batches
+from test_models import small_gpt, assert_loss_goes_down, image_batches, small_cnn, token_batches
 from test_step import mlp, mlp_batches
 
 DEVICE = "tpu"
@@ -43,7 +43,7 @@ def train(device, make_model, make_optimizer, batches, steps, seed, compiled):
 CASES = {
     "mlp": (mlp, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), mlp_batches, (1e-4, 1e-6)),
     "cnn": (small_cnn, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), image_batches, (2e-3, 1e-5)),
-    "gpt": (GPT, lambda ps: torch.optim.AdamW(ps, lr=3e-3), token_batches, (2e-3, 1e-5)),
+    "gpt": (small_gpt, lambda ps: torch.optim.AdamW(ps, lr=3e-3), token_batches, (2e-3, 1e-5)),
 }
 
 
@@ -155,8 +155,8 @@ def test_graph_breaks_run_the_pieces_and_explain_counts_them():
 def compiled_eval_gpt():
     """A GPT in eval mode on CPU, and the same weights on tpu, compiled."""
     torch.manual_seed(0)
-    cpu_model = GPT().eval()
-    model = GPT().eval().to(DEVICE)
+    cpu_model = small_gpt().eval()
+    model = small_gpt().eval().to(DEVICE)
     model.load_state_dict(cpu_model.state_dict())
     return cpu_model, torch.compile(model, backend="tpu")
 
@@ -230,7 +230,7 @@ class MeanPooled(torch.nn.Module):
 DYNAMIC_CASES = {
     # (model, optimizer, batch of a size, dynamic dim of x, of y, loss tolerances)
     "gpt sequence length": (
-        GPT,
+        small_gpt,
         lambda ps: torch.optim.AdamW(ps, lr=3e-3),
         lambda g, n: (lambda t: (t[:, :-1], t[:, 1:]))(torch.randint(0, 64, (4, n + 1), generator=g)),
         1,

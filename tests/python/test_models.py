@@ -14,51 +14,24 @@ eval mode is checked where drift cannot hide an error: the first
 BatchNorm's running statistics (fed by the data and one conv), and the eval
 forward of the trained weights against CPU's forward of the same weights."""
 
+import os
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import rtpu
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+from gpt import GPT  # noqa: E402  (the examples' and benchmarks' GPT)
+
 DEVICE = "tpu"
 STEPS = 10
 
 
-class GPT(torch.nn.Module):
-    """A small decoder-only transformer: pre-norm blocks of causal SDPA and a
-    GELU MLP, tied to nothing fancy."""
-
-    def __init__(self, vocab=64, d=32, heads=4, layers=2, context=16):
-        super().__init__()
-        self.heads = heads
-        self.tokens = torch.nn.Embedding(vocab, d)
-        self.positions = torch.nn.Embedding(context, d)
-        self.blocks = torch.nn.ModuleList(
-            torch.nn.ModuleDict(
-                dict(
-                    ln1=torch.nn.LayerNorm(d),
-                    qkv=torch.nn.Linear(d, 3 * d),
-                    proj=torch.nn.Linear(d, d),
-                    ln2=torch.nn.LayerNorm(d),
-                    up=torch.nn.Linear(d, 4 * d),
-                    down=torch.nn.Linear(4 * d, d),
-                )
-            )
-            for _ in range(layers)
-        )
-        self.ln = torch.nn.LayerNorm(d)
-        self.head = torch.nn.Linear(d, vocab)
-
-    def forward(self, idx):
-        b, t = idx.shape
-        x = self.tokens(idx) + self.positions(torch.arange(t, device=idx.device))
-        for blk in self.blocks:
-            q, k, v = blk["qkv"](blk["ln1"](x)).split(x.shape[-1], dim=2)
-            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + blk["proj"](a.transpose(1, 2).reshape(b, t, -1))
-            x = x + blk["down"](F.gelu(blk["up"](blk["ln2"](x))))
-        return self.head(self.ln(x))
+def small_gpt():
+    return GPT(vocab=64, d=32, heads=4, layers=2, context=16)
 
 
 def assert_loss_goes_down(losses, cycle):
@@ -136,7 +109,7 @@ CASES = {
         lambda seed: image_batches(seed, batch=16),
         Tolerances(curve=(2e-3, 1.2e-2), stats=(5e-2, 2e-3)),
     ),
-    "gpt": (GPT, lambda ps: torch.optim.AdamW(ps, lr=3e-3), token_batches, Tolerances(curve=(5e-6, 0), stats=None)),
+    "gpt": (small_gpt, lambda ps: torch.optim.AdamW(ps, lr=3e-3), token_batches, Tolerances(curve=(5e-6, 0), stats=None)),
     "cnn": (
         small_cnn,
         lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),

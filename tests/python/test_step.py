@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import rtpu
-from test_models import GPT, assert_loss_goes_down, image_batches, small_cnn, token_batches
+from test_models import small_gpt, assert_loss_goes_down, image_batches, small_cnn, token_batches
 
 DEVICE = "tpu"
 
@@ -60,7 +60,7 @@ def train(device, make_model, make_optimizer, batches, steps, seed, step_mode):
 CASES = {
     "mlp": (mlp, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), mlp_batches, (1e-4, 1e-6), True),
     "cnn": (small_cnn, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), image_batches, (2e-3, 1e-5), True),
-    "gpt": (GPT, lambda ps: torch.optim.AdamW(ps, lr=3e-3), token_batches, (2e-3, 1e-5), False),
+    "gpt": (small_gpt, lambda ps: torch.optim.AdamW(ps, lr=3e-3), token_batches, (2e-3, 1e-5), False),
 }
 
 
