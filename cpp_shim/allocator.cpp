@@ -43,29 +43,29 @@ struct Stats {
   }
 
   void allocated(c10::DeviceIndex device, size_t nbytes) {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto& s = devices[device];
-    for (auto* array : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                        &s.requested_bytes}) {
-      (*array)[0].increase(nbytes);
-    }
-    s.allocation[0].increase(1);
-    s.segment[0].increase(1);
-    s.active[0].increase(1);
-    s.num_device_alloc += 1;
+    count(device, nbytes, /*allocation=*/true);
   }
 
   void freed(c10::DeviceIndex device, size_t nbytes) {
+    count(device, nbytes, /*allocation=*/false);
+  }
+
+  // One allocation (or free) of `nbytes`: the byte and block counts move
+  // together, since every block is its own segment and is active.
+  void count(c10::DeviceIndex device, size_t nbytes, bool allocation) {
     std::lock_guard<std::mutex> lock(mutex);
     auto& s = devices[device];
-    for (auto* array : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
+    auto move = [allocation](c10::CachingAllocator::Stat& stat, size_t amount) {
+      allocation ? stat.increase(amount) : stat.decrease(amount);
+    };
+    for (auto* bytes : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
                         &s.requested_bytes}) {
-      (*array)[0].decrease(nbytes);
+      move((*bytes)[0], nbytes);
     }
-    s.allocation[0].decrease(1);
-    s.segment[0].decrease(1);
-    s.active[0].decrease(1);
-    s.num_device_free += 1;
+    for (auto* blocks : {&s.allocation, &s.segment, &s.active}) {
+      move((*blocks)[0], 1);
+    }
+    (allocation ? s.num_device_alloc : s.num_device_free) += 1;
   }
 
   // A storage changed size in place (resize_): only byte counts move.

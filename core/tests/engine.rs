@@ -61,6 +61,25 @@ fn t(arg: &TensorArg) -> Arg {
     Arg::Tensor(arg.clone())
 }
 
+/// A view of `base`'s storage: `offset`, `sizes` and `strides` in elements of `dtype`.
+fn view_of(
+    base: &TensorArg,
+    offset: i64,
+    sizes: &[i64],
+    strides: &[i64],
+    dtype: DType,
+) -> TensorArg {
+    TensorArg {
+        storage: base.storage.clone(),
+        view: View {
+            offset,
+            sizes: sizes.to_vec(),
+            strides: strides.to_vec(),
+            dtype,
+        },
+    }
+}
+
 #[test]
 fn add_broadcasts_with_alpha() {
     let mut rng = Rng::fresh("add");
@@ -84,41 +103,17 @@ fn reads_transposed_and_strided_views() {
     let a = rng.f32s(12);
     let base = f32_tensor(&a, &[3, 4]);
     // a.t(): sizes [4, 3], strides [1, 4]
-    let transposed = TensorArg {
-        storage: base.storage.clone(),
-        view: View {
-            offset: 0,
-            sizes: vec![4, 3],
-            strides: vec![1, 4],
-            dtype: DType::F32,
-        },
-    };
+    let transposed = view_of(&base, 0, &[4, 3], &[1, 4], DType::F32);
     let out = call("aten::mul.Scalar", &[t(&transposed), Arg::Float(2.0)]);
     let want: Vec<f32> = (0..12).map(|k| 2.0 * a[(k % 3) * 4 + k / 3]).collect();
     assert_close(&read(&out[0]), &want, 0.0, 0.0);
     // a[:, 1]: sizes [3], stride 4, offset 1 (not a permuted dense layout: a gather)
-    let column = TensorArg {
-        storage: base.storage.clone(),
-        view: View {
-            offset: 1,
-            sizes: vec![3],
-            strides: vec![4],
-            dtype: DType::F32,
-        },
-    };
+    let column = view_of(&base, 1, &[3], &[4], DType::F32);
     let out = call("aten::neg", &[t(&column)]);
     assert_close(&read(&out[0]), &[-a[1], -a[5], -a[9]], 0.0, 0.0);
     // expand: stride 0
     let row = f32_tensor(&a[..4], &[4]);
-    let expanded = TensorArg {
-        storage: row.storage.clone(),
-        view: View {
-            offset: 0,
-            sizes: vec![2, 4],
-            strides: vec![0, 1],
-            dtype: DType::F32,
-        },
-    };
+    let expanded = view_of(&row, 0, &[2, 4], &[0, 1], DType::F32);
     let out = call("aten::abs", &[t(&expanded)]);
     let want: Vec<f32> = (0..8).map(|k| a[k % 4].abs()).collect();
     assert_close(&read(&out[0]), &want, 0.0, 0.0);
@@ -130,15 +125,7 @@ fn in_place_writes_through_views_show_in_the_base() {
     let a = rng.f32s(12);
     let base = f32_tensor(&a, &[3, 4]);
     // x[:, 1].add_(1)
-    let column = TensorArg {
-        storage: base.storage.clone(),
-        view: View {
-            offset: 1,
-            sizes: vec![3],
-            strides: vec![4],
-            dtype: DType::F32,
-        },
-    };
+    let column = view_of(&base, 1, &[3], &[4], DType::F32);
     call("aten::add_.Scalar", &[t(&column), Arg::Int(1), Arg::Int(1)]);
     let mut want = a.clone();
     for r in 0..3 {
@@ -146,28 +133,12 @@ fn in_place_writes_through_views_show_in_the_base() {
     }
     assert_close(&read(&base), &want, 0.0, 0.0);
     // y = x.t(); y.mul_(2)
-    let transposed = TensorArg {
-        storage: base.storage.clone(),
-        view: View {
-            offset: 0,
-            sizes: vec![4, 3],
-            strides: vec![1, 4],
-            dtype: DType::F32,
-        },
-    };
+    let transposed = view_of(&base, 0, &[4, 3], &[1, 4], DType::F32);
     call("aten::mul_.Scalar", &[t(&transposed), Arg::Float(2.0)]);
     let want: Vec<f32> = want.iter().map(|v| v * 2.0).collect();
     assert_close(&read(&base), &want, 0.0, 0.0);
     // a contiguous row in the middle: x[1].zero_()
-    let row = TensorArg {
-        storage: base.storage.clone(),
-        view: View {
-            offset: 4,
-            sizes: vec![4],
-            strides: vec![1],
-            dtype: DType::F32,
-        },
-    };
+    let row = view_of(&base, 4, &[4], &[1], DType::F32);
     call("aten::zero_", &[t(&row)]);
     let got = read(&base);
     assert_eq!(&got[4..8], &[0.0; 4]);
@@ -180,15 +151,7 @@ fn addmm_and_mm_match_host() {
     let (x, w, bias) = (rng.f32s(8 * 5), rng.f32s(3 * 5), rng.f32s(3));
     let wt = f32_tensor(&w, &[3, 5]);
     // Linear: addmm(bias, x, w.t())
-    let w_t = TensorArg {
-        storage: wt.storage.clone(),
-        view: View {
-            offset: 0,
-            sizes: vec![5, 3],
-            strides: vec![1, 5],
-            dtype: DType::F32,
-        },
-    };
+    let w_t = view_of(&wt, 0, &[5, 3], &[1, 5], DType::F32);
     let out = call(
         "aten::addmm",
         &[

@@ -21,14 +21,17 @@ static rtpu_tensor_ref vector_of(const rtpu_storage *s) {
   return ref;
 }
 
-/* x * x as a new storage (one reference for the caller). */
-static rtpu_storage *square(rtpu_runtime *rt, const rtpu_storage *x) {
+/* op(a, b), a binary op of two 4-vectors, as a new storage (one reference
+ * for the caller). */
+static rtpu_storage *binary(rtpu_runtime *rt, const char *op, const rtpu_storage *a,
+                            const rtpu_storage *b) {
   rtpu_op_arg args[2];
   memset(args, 0, sizeof args);
   args[0].tag = args[1].tag = RTPU_ARG_TENSOR;
-  args[0].tensor = args[1].tensor = vector_of(x);
+  args[0].tensor = vector_of(a);
+  args[1].tensor = vector_of(b);
   rtpu_op_result *result = NULL;
-  CHECK_OK(rtpu_op_call(rt, find_op("aten::mul.Tensor"), args, 2, &result));
+  CHECK_OK(rtpu_op_call(rt, find_op(op), args, 2, &result));
   rtpu_op_output out;
   memset(&out, 0, sizeof out);
   out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
@@ -37,21 +40,12 @@ static rtpu_storage *square(rtpu_runtime *rt, const rtpu_storage *x) {
   return out.storage;
 }
 
-/* a / b as a new storage (one reference for the caller). */
+static rtpu_storage *square(rtpu_runtime *rt, const rtpu_storage *x) {
+  return binary(rt, "aten::mul.Tensor", x, x);
+}
+
 static rtpu_storage *divide(rtpu_runtime *rt, const rtpu_storage *a, const rtpu_storage *b) {
-  rtpu_op_arg args[2];
-  memset(args, 0, sizeof args);
-  args[0].tag = args[1].tag = RTPU_ARG_TENSOR;
-  args[0].tensor = vector_of(a);
-  args[1].tensor = vector_of(b);
-  rtpu_op_result *result = NULL;
-  CHECK_OK(rtpu_op_call(rt, find_op("aten::div.Tensor"), args, 2, &result));
-  rtpu_op_output out;
-  memset(&out, 0, sizeof out);
-  out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
-  CHECK_OK(rtpu_op_result_get(result, 0, &out));
-  rtpu_op_result_destroy(result);
-  return out.storage;
+  return binary(rt, "aten::div.Tensor", a, b);
 }
 
 /* Records a chain of `depth` divisions by x (a graph of `depth` ops) and
