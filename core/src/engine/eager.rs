@@ -1,7 +1,7 @@
 //! Eager execution: one op's graph runs as its own program now, and its
 //! results are installed; in deferred mode it is recorded instead.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -121,10 +121,23 @@ pub(super) fn run(mut b: Builder) -> Result<Vec<Output>> {
 
 type HostInputKey = (usize, usize, DType, Vec<i64>, Vec<u8>);
 
-/// A device buffer holding small host input `bytes`. Scalars repeat (a fixed
-/// learning rate, alpha = -1, eps), so buffers are cached by value: an
-/// upload costs more than the op itself on small tensors. Buffers passed as
-/// inputs are never donated, so sharing them is safe.
+/// Small host inputs seen, and the buffers of those seen twice with when
+/// each was last used (a count of uses), so the least recently used goes
+/// first: the count of buffers kept stops growing once the cache is full.
+#[derive(Default)]
+struct HostInputs {
+    seen: HashSet<HostInputKey>,
+    buffers: HashMap<HostInputKey, (Arc<Buffer>, u64)>,
+    uses: u64,
+}
+
+/// A device buffer holding small host input `bytes`. Scalars that repeat (a
+/// fixed learning rate, alpha = -1, eps) are cached by value from their
+/// second use: an upload costs more than the op itself on small tensors.
+/// Values that change every call (a scheduled learning rate, Adam's bias
+/// corrections) are not cached, and a value that repeats only for a while
+/// is evicted by newer ones, so neither leaves buffers behind. Buffers
+/// passed as inputs are never donated, so sharing them is safe.
 pub(crate) fn host_input(
     client: &Client,
     device_index: usize,
@@ -133,16 +146,22 @@ pub(crate) fn host_input(
     dtype: DType,
     dims: &[i64],
 ) -> Result<Arc<Buffer>> {
-    const MAX_ENTRIES: usize = 4096;
+    // Values remembered (emptied when full: what repeats comes back) and
+    // buffers kept (least recently used evicted).
+    const MAX_SEEN: usize = 4096;
+    const MAX_BUFFERS: usize = 64;
     // Only scalars and tiny tensors repeat often enough to be worth keeping.
     const MAX_CACHED_BYTES: usize = 64;
-    if bytes.len() > MAX_CACHED_BYTES {
+    let upload = || -> Result<Arc<Buffer>> {
         metrics::add(Metric::HostToDeviceBytes, bytes.len() as u64);
-        return Ok(Arc::new(
+        Ok(Arc::new(
             client.buffer_from_host(bytes, dtype, dims, device)?,
-        ));
+        ))
+    };
+    if bytes.len() > MAX_CACHED_BYTES {
+        return upload();
     }
-    static CACHE: OnceLock<Mutex<HashMap<HostInputKey, Arc<Buffer>>>> = OnceLock::new();
+    static CACHE: OnceLock<Mutex<HostInputs>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let key = (
         client.id(),
@@ -151,16 +170,36 @@ pub(crate) fn host_input(
         dims.to_vec(),
         bytes.to_vec(),
     );
-    if let Some(buffer) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-        return Ok(buffer.clone());
+    {
+        let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.uses += 1;
+        let now = cache.uses;
+        if let Some((buffer, last_use)) = cache.buffers.get_mut(&key) {
+            *last_use = now;
+            return Ok(buffer.clone());
+        }
+        if !cache.seen.contains(&key) {
+            if cache.seen.len() >= MAX_SEEN {
+                cache.seen.clear();
+            }
+            cache.seen.insert(key);
+            drop(cache);
+            return upload();
+        }
     }
-    metrics::add(Metric::HostToDeviceBytes, bytes.len() as u64);
-    let buffer = Arc::new(client.buffer_from_host(bytes, dtype, dims, device)?);
+    let buffer = upload()?;
     let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
-    if cache.len() >= MAX_ENTRIES {
-        // Values that change every step would grow the cache without bound.
-        cache.clear();
+    if cache.buffers.len() >= MAX_BUFFERS {
+        let oldest = cache
+            .buffers
+            .iter()
+            .min_by_key(|(_, (_, last_use))| *last_use)
+            .map(|(key, _)| key.clone());
+        if let Some(oldest) = oldest {
+            cache.buffers.remove(&oldest);
+        }
     }
-    cache.insert(key, buffer.clone());
+    let now = cache.uses;
+    cache.buffers.insert(key, (buffer.clone(), now));
     Ok(buffer)
 }
