@@ -47,6 +47,24 @@ Metrics op_metrics() {
   return out;
 }
 
+std::tuple<std::string, int64_t, int64_t, int64_t> op_cache_info() {
+  rtpu_cache_info info{};
+  info.struct_size = RTPU_CACHE_INFO_STRUCT_SIZE;
+  check(rtpu_cache_get_info(&info));
+  rtpu_bytes* dir = nullptr;
+  check(rtpu_cache_dir(&dir));
+  std::string path(reinterpret_cast<const char*>(rtpu_bytes_data(dir)), rtpu_bytes_size(dir));
+  rtpu_bytes_destroy(dir);
+  return {path, static_cast<int64_t>(info.entries), static_cast<int64_t>(info.bytes),
+          static_cast<int64_t>(info.max_bytes)};
+}
+
+int64_t op_clear_cache() {
+  uint64_t removed = 0;
+  check(rtpu_cache_clear(&removed));
+  return static_cast<int64_t>(removed);
+}
+
 void op_set_deferred(bool deferred) {
   check(rtpu_engine_set_mode(deferred ? RTPU_MODE_DEFERRED : RTPU_MODE_EAGER));
 }
@@ -114,6 +132,11 @@ TORCH_LIBRARY(rtpu, m) {
   m.def(
       "metrics() -> (str[] names, str[] units, str[] help, int[] values)",
       TORCH_FN(op_metrics));
+  // The disk cache: its directory ("" when off), entries, bytes and cap.
+  m.def(
+      "cache_info() -> (str dir, int entries, int bytes, int max_bytes)",
+      TORCH_FN(op_cache_info));
+  m.def("clear_cache() -> int", TORCH_FN(op_clear_cache));
   m.def("set_deferred(bool deferred) -> ()", TORCH_FN(op_set_deferred));
   m.def("is_deferred() -> bool", TORCH_FN(op_is_deferred));
   // site: where the flush was asked for ("" for the current op's line).

@@ -87,6 +87,11 @@
 #define RTPU_BUFFER_FROM_HOST_ARGS_STRUCT_SIZE 56
 
 /**
+ * `sizeof(rtpu_cache_info)`.
+ */
+#define RTPU_CACHE_INFO_STRUCT_SIZE 40
+
+/**
  * Success; never carried by an `rtpu_error` (success is a NULL error).
  */
 #define RTPU_ERROR_CODE_OK 0
@@ -261,7 +266,7 @@
 typedef struct rtpu_buffer rtpu_buffer;
 
 /**
- * An owned byte string (e.g. a serialised executable); free it with
+ * An owned byte string (e.g. a serialised executable, a path); free it with
  * `rtpu_bytes_destroy`.
  */
 typedef struct rtpu_bytes rtpu_bytes;
@@ -335,6 +340,31 @@ typedef struct rtpu_buffer_from_host_args {
    */
   size_t device_index;
 } rtpu_buffer_from_host_args;
+
+/**
+ * What the disk cache holds, filled by `rtpu_cache_get_info`.
+ */
+typedef struct rtpu_cache_info {
+  /**
+   * In: set to `RTPU_CACHE_INFO_STRUCT_SIZE` by the caller.
+   */
+  size_t struct_size;
+  /**
+   * Whether executables are kept on disk: `RTPU_CACHE_DIR` is not empty
+   * and its directory is this user's own.
+   */
+  bool enabled;
+  /**
+   * Entries (one compiled program each) and their bytes.
+   */
+  uint64_t entries;
+  uint64_t bytes;
+  /**
+   * The size cap (`RTPU_CACHE_MAX_BYTES`, default 1 GiB); the entries
+   * used least recently are removed past it.
+   */
+  uint64_t max_bytes;
+} rtpu_cache_info;
 
 /**
  * Arguments of `rtpu_executable_compile`.
@@ -631,6 +661,25 @@ struct rtpu_error *rtpu_buffer_copy_to_device(const struct rtpu_buffer *buffer, 
  * race with other calls on the same buffer.
  */
 void rtpu_buffer_destroy(struct rtpu_buffer *buffer);
+
+/**
+ * Fills `*info_out` up to its `struct_size` (which the caller sets), only
+ * on success. Thread-safe.
+ */
+struct rtpu_error *rtpu_cache_get_info(struct rtpu_cache_info *info_out);
+
+/**
+ * Writes to `*dir_out` the cache directory's path (no NUL), or an empty
+ * string when the cache is off; the caller owns it (`rtpu_bytes_destroy`).
+ * Thread-safe.
+ */
+struct rtpu_error *rtpu_cache_dir(struct rtpu_bytes **dir_out);
+
+/**
+ * Removes every entry of the disk cache, writing how many to
+ * `*removed_out`. Executables already loaded stay usable. Thread-safe.
+ */
+struct rtpu_error *rtpu_cache_clear(uint64_t *removed_out);
 
 /**
  * The error's code, one of `RTPU_ERROR_CODE_*`.

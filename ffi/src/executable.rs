@@ -17,7 +17,7 @@ pub struct rtpu_executable {
     _private: [u8; 0],
 }
 
-/// An owned byte string (e.g. a serialised executable); free it with
+/// An owned byte string (e.g. a serialised executable, a path); free it with
 /// `rtpu_bytes_destroy`.
 pub struct rtpu_bytes {
     _private: [u8; 0],
@@ -293,7 +293,8 @@ pub extern "C" fn rtpu_bytes_size(bytes: *const rtpu_bytes) -> usize {
 pub extern "C" fn rtpu_bytes_destroy(bytes: *mut rtpu_bytes) {
     infallible((), || {
         if !bytes.is_null() {
-            // SAFETY: came from `rtpu_executable_serialize`; destroyed once.
+            // SAFETY: a Box<Vec<u8>> from rtpu (`rtpu_executable_serialize`,
+            // `rtpu_cache_dir`); destroyed once.
             drop(unsafe { Box::from_raw(bytes.cast::<Vec<u8>>()) });
         }
     })

@@ -14,6 +14,7 @@
 
 mod boundary;
 pub mod buffer;
+pub mod cache;
 pub mod error;
 pub mod executable;
 pub mod graph;
@@ -106,6 +107,10 @@ mod tests {
         assert_eq!(
             ops::RTPU_OP_OUTPUT_STRUCT_SIZE,
             size_of::<ops::rtpu_op_output>()
+        );
+        assert_eq!(
+            cache::RTPU_CACHE_INFO_STRUCT_SIZE,
+            size_of::<cache::rtpu_cache_info>()
         );
     }
 }

@@ -83,6 +83,21 @@ def metrics() -> dict:
     return result
 
 
+def cache_info() -> dict:
+    """The disk cache of compiled programs: its directory (None when off:
+    `RTPU_CACHE_DIR=""`, or a directory not this user's own), how many
+    entries and bytes it holds, and its cap (`RTPU_CACHE_MAX_BYTES`, default
+    1 GiB; the entries used least recently go first)."""
+    directory, entries, size, max_bytes = torch.ops.rtpu.cache_info()
+    return {"dir": directory or None, "entries": entries, "bytes": size, "max_bytes": max_bytes}
+
+
+def clear_cache() -> int:
+    """Removes every entry of the disk cache; returns how many. Programs
+    this process already loaded stay usable."""
+    return torch.ops.rtpu.clear_cache()
+
+
 def _format_metric(value: int, unit: str) -> str:
     if unit == "ns":
         return f"{value / 1e6:.1f} ms"

@@ -17,6 +17,7 @@ _Static_assert(RTPU_BUFFER_FROM_HOST_ARGS_STRUCT_SIZE == sizeof(rtpu_buffer_from
 _Static_assert(RTPU_COMPILE_ARGS_STRUCT_SIZE == sizeof(rtpu_compile_args), "compile_args");
 _Static_assert(RTPU_EXECUTE_ARGS_STRUCT_SIZE == sizeof(rtpu_execute_args), "execute_args");
 _Static_assert(RTPU_OP_OUTPUT_STRUCT_SIZE == sizeof(rtpu_op_output), "op_output");
+_Static_assert(RTPU_CACHE_INFO_STRUCT_SIZE == sizeof(rtpu_cache_info), "cache_info");
 
 #define CHECK(cond)                                                          \
   do {                                                                       \

@@ -1,7 +1,16 @@
-"""Defects a user hits without trying hard, each held by a test."""
+"""Defects a user hits without trying hard, each held by a test: device
+buffers left by changing scalars, and a disk cache that trusted its bytes
+and its directory."""
 
 import gc
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -54,3 +63,96 @@ def test_adam_with_a_scheduled_learning_rate_keeps_live_buffers_flat():
     # scalars, which then keeps its size.
     steps(100)
     assert live_buffers_after(lambda: steps(300)) == 0
+
+
+CACHE_SCRIPT = """
+import json, torch, rtpu
+values = [(torch.arange(n, dtype=torch.float32).to("tpu").exp() * 2).sum().item() for n in (3, 4, 5, 6)]
+m = rtpu.metrics()
+print(json.dumps(dict(values=values, compiled=m["executables_compiled"], disk_hits=m["disk_cache_hits"],
+                      info=rtpu.cache_info())))
+"""
+CACHE_VALUES = [(torch.arange(n, dtype=torch.float32).exp() * 2).sum().item() for n in (3, 4, 5, 6)]
+
+
+def run_cache_script(cache_dir, **env):
+    done = subprocess.run(
+        [sys.executable, "-c", CACHE_SCRIPT],
+        env=dict(os.environ, RTPU_CACHE_DIR=str(cache_dir), **env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["values"] == pytest.approx(CACHE_VALUES, rel=1e-6)
+    return result, done.stderr
+
+
+def test_the_disk_cache_is_private_and_its_entries_checked(tmp_path):
+    cache = tmp_path / "cache"
+    first, _ = run_cache_script(cache)
+    entries = sorted(cache.glob("*.xla"))
+    assert first["compiled"] == len(entries) > 0
+    assert first["info"] == {"dir": str(cache), "entries": len(entries), "bytes": sum(e.stat().st_size for e in entries),
+                             "max_bytes": 2**30}
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert {stat.S_IMODE(e.stat().st_mode) for e in entries} == {0o600}
+
+    # A flipped bit, a truncated file and another program's entry: each is
+    # found before it reaches the plugin, recompiled and rewritten.
+    flipped, truncated, swapped = entries[0], entries[1], entries[2]
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    flipped.write_bytes(bytes(data))
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    swapped.write_bytes(entries[3].read_bytes())
+    second, stderr = run_cache_script(cache)
+    assert stderr.count("is corrupt") == 3, stderr
+    assert "checksum does not match" in stderr and "truncated" in stderr and "another program" in stderr
+    assert (second["compiled"], second["disk_hits"]) == (3, len(entries) - 3)
+    third, stderr = run_cache_script(cache)
+    assert "corrupt" not in stderr and (third["compiled"], third["disk_hits"]) == (0, len(entries))
+
+
+def test_the_disk_cache_keeps_to_its_size_cap(tmp_path):
+    cache = tmp_path / "cache"
+    uncapped, _ = run_cache_script(cache)
+    sizes = sorted(e.stat().st_size for e in cache.glob("*.xla"))
+    cap = sum(sizes[:2])  # room for about two entries
+    shutil.rmtree(cache)
+    capped, _ = run_cache_script(cache, RTPU_CACHE_MAX_BYTES=str(cap))
+    held = list(cache.glob("*.xla"))
+    assert capped["compiled"] == uncapped["compiled"]
+    assert 0 < sum(e.stat().st_size for e in held) <= cap
+    assert capped["info"]["entries"] == len(held) < uncapped["info"]["entries"]
+
+
+def test_clear_cache_empties_it(tmp_path):
+    cache = tmp_path / "cache"
+    run_cache_script(cache)
+    script = "import torch, rtpu; print(rtpu.clear_cache(), rtpu.cache_info()['entries'])"
+    done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, RTPU_CACHE_DIR=str(cache)),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    removed, left = map(int, done.stdout.split())
+    assert removed > 0 and left == 0 and not list(cache.glob("*.xla"))
+
+
+def test_a_cache_dir_of_another_user_is_refused(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    os.chown(cache, 12345, 12345)
+    result, stderr = run_cache_script(cache)
+    assert "not using the compile cache" in stderr and "owned by user 12345" in stderr, stderr
+    assert result["info"]["dir"] is None and not list(cache.iterdir())
+
+
+def test_a_cache_dir_others_could_write_is_made_private(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    result, _ = run_cache_script(cache)
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700 and result["info"]["entries"] > 0

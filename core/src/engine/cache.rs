@@ -1,10 +1,8 @@
 //! The executable caches and recompile explanations.
 //!
 //! In memory, executables are keyed by the graph's structure (a hash, then
-//! equality), so a hit costs no lowering. On disk (`RTPU_CACHE_DIR`, default
-//! `$XDG_CACHE_HOME/rtpu` or `~/.cache/rtpu`; empty disables it) they are
-//! serialised under a key of the program text, the plugin, the compile
-//! options and rtpu's version, so a second run of a script compiles nothing.
+//! equality), so a hit costs no lowering. On disk (`disk_cache`) they are
+//! kept across processes, so a second run of a script compiles nothing.
 //!
 //! A deferred graph compiled at a site (the `rtpu.step()` line) that
 //! compiled before is a recompile: it is counted, explained against the
@@ -14,12 +12,13 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use super::deferred::RecordedOp;
+use super::disk_cache::DiskEntry;
 use super::location::location_text;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, TensorType};
@@ -121,120 +120,6 @@ fn dump(text: &str) {
         .and_then(|()| std::fs::write(&path, text));
     if let Err(e) = written {
         eprintln!("rtpu: cannot write {}: {e}", path.display());
-    }
-}
-
-// ----- disk -------------------------------------------------------------
-
-const DISK_MAGIC: &[u8; 8] = b"RTPUXLA1";
-
-/// The cache directory, or `None` when disabled (`RTPU_CACHE_DIR=""`).
-pub fn cache_dir() -> Option<PathBuf> {
-    match std::env::var_os("RTPU_CACHE_DIR") {
-        Some(dir) if dir.is_empty() => None,
-        Some(dir) => Some(PathBuf::from(dir)),
-        None => {
-            let base = std::env::var_os("XDG_CACHE_HOME")
-                .filter(|d| !d.is_empty())
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-            Some(base.join("rtpu"))
-        }
-    }
-}
-
-/// One file of the disk cache: `<key>.xla` holding the magic, the program
-/// text (checked on load, so a key collision is a miss) and the executable.
-struct DiskEntry {
-    path: PathBuf,
-}
-
-/// Everything a disk-cache entry's name is derived from: an executable is
-/// reused only when all of it matches (a new rtpu, plugin, plugin build or
-/// compile option must miss, not load a stale executable).
-#[derive(Hash)]
-struct DiskKey<'a> {
-    rtpu_version: &'a str,
-    plugin: &'a Path,
-    platform_version: &'a str,
-    options: &'a CompileOptions,
-    text: &'a str,
-}
-
-impl DiskKey<'_> {
-    /// 128 bits from two seeded 64-bit hashes, as hex.
-    fn file_name(&self) -> String {
-        let mut name = String::with_capacity(32 + 4);
-        for seed in [0u8, 1u8] {
-            let mut h = DefaultHasher::new();
-            seed.hash(&mut h);
-            self.hash(&mut h);
-            name.push_str(&format!("{:016x}", h.finish()));
-        }
-        name.push_str(".xla");
-        name
-    }
-}
-
-impl DiskEntry {
-    fn new(client: &Client, options: &CompileOptions, text: &str) -> Option<DiskEntry> {
-        let dir = cache_dir()?;
-        let platform_version = client.platform_version().unwrap_or_default();
-        let key = DiskKey {
-            rtpu_version: env!("CARGO_PKG_VERSION"),
-            plugin: client.plugin().path(),
-            platform_version: &platform_version,
-            options,
-            text,
-        };
-        Some(DiskEntry {
-            path: dir.join(key.file_name()),
-        })
-    }
-
-    fn load(&self, client: &Client, text: &str) -> Option<LoadedExecutable> {
-        let bytes = std::fs::read(&self.path).ok()?;
-        let rest = bytes.strip_prefix(DISK_MAGIC.as_slice())?;
-        let (len, rest) = rest.split_at_checked(8)?;
-        let len = usize::try_from(u64::from_le_bytes(len.try_into().ok()?)).ok()?;
-        let (stored_text, exe) = rest.split_at_checked(len)?;
-        if stored_text != text.as_bytes() {
-            return None;
-        }
-        client.deserialize(exe).ok()
-    }
-
-    /// Best effort: a cache that cannot be written only costs a compile
-    /// next time, so failures are reported once and otherwise ignored.
-    fn store(&self, text: &str, exe: &LoadedExecutable) {
-        let write = || -> std::io::Result<()> {
-            let serialized = exe
-                .serialize()
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
-            let dir = self.path.parent().unwrap_or(&self.path);
-            std::fs::create_dir_all(dir)?;
-            let mut bytes = Vec::with_capacity(16 + text.len() + serialized.len());
-            bytes.extend_from_slice(DISK_MAGIC);
-            bytes.extend_from_slice(&(text.len() as u64).to_le_bytes());
-            bytes.extend_from_slice(text.as_bytes());
-            bytes.extend_from_slice(&serialized);
-            // Written aside and renamed, so a reader never sees half a file.
-            let partial = self
-                .path
-                .with_extension(format!("partial.{}", std::process::id()));
-            std::fs::write(&partial, bytes)?;
-            std::fs::rename(&partial, &self.path)
-        };
-        if let Err(e) = write() {
-            static WARNED: AtomicBool = AtomicBool::new(false);
-            if !WARNED.swap(true, Ordering::Relaxed) {
-                eprintln!(
-                    "rtpu: cannot write the compile cache at {}: {e} (set RTPU_CACHE_DIR to \
-                     another directory, or to an empty value to disable it)",
-                    self.path.display()
-                );
-            }
-        }
     }
 }
 
@@ -419,59 +304,4 @@ fn explain(old: &Summary, new: &Summary) -> String {
         text.push_str(&format!("; and {more} more differences"));
     }
     text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_part_of_the_disk_key_changes_the_entry() {
-        let options = CompileOptions::default();
-        let spmd = CompileOptions {
-            num_partitions: 4,
-            use_spmd_partitioning: true,
-            ..CompileOptions::default()
-        };
-        let base = DiskKey {
-            rtpu_version: "2.11.0",
-            plugin: Path::new("/plugins/xla_cpu_pjrt.so"),
-            platform_version: "cpu 0.81",
-            options: &options,
-            text: "module @m {}",
-        };
-        let variants = [
-            DiskKey {
-                rtpu_version: "2.11.1",
-                ..base
-            },
-            DiskKey {
-                plugin: Path::new("/plugins/other.so"),
-                ..base
-            },
-            DiskKey {
-                platform_version: "cpu 0.82",
-                ..base
-            },
-            DiskKey {
-                options: &spmd,
-                ..base
-            },
-            DiskKey {
-                text: "module @n {}",
-                ..base
-            },
-        ];
-        let mut names: Vec<String> = variants.iter().map(DiskKey::file_name).collect();
-        names.push(base.file_name());
-        assert_eq!(
-            base.file_name(),
-            base.file_name(),
-            "the name is deterministic"
-        );
-        let count = names.len();
-        names.sort();
-        names.dedup();
-        assert_eq!(names.len(), count, "each changed part gives another entry");
-    }
 }

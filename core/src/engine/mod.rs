@@ -6,6 +6,7 @@ pub mod cache;
 pub mod capture;
 mod checks;
 pub mod deferred;
+pub mod disk_cache;
 mod eager;
 mod failure;
 pub mod location;
