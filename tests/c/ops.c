@@ -150,6 +150,25 @@ int main(void) {
   CHECK_ERROR(rtpu_metric_find("ops_run", NULL), INVALID, "index_out");
   CHECK(index == 7);
 
+  /* The C tests run with the disk cache off (RTPU_CACHE_DIR=""). */
+  rtpu_cache_info cache;
+  memset(&cache, 0xAB, sizeof cache);
+  cache.struct_size = RTPU_CACHE_INFO_STRUCT_SIZE;
+  CHECK_OK(rtpu_cache_get_info(&cache));
+  CHECK(!cache.enabled && cache.entries == 0 && cache.bytes == 0 && cache.max_bytes > 0);
+  cache.struct_size = 8;
+  CHECK_ERROR(rtpu_cache_get_info(&cache), INVALID, "struct_size");
+  CHECK_ERROR(rtpu_cache_get_info(NULL), INVALID, "info_out");
+  rtpu_bytes *dir = NULL;
+  CHECK_OK(rtpu_cache_dir(&dir));
+  CHECK(rtpu_bytes_size(dir) == 0);
+  rtpu_bytes_destroy(dir);
+  CHECK_ERROR(rtpu_cache_dir(NULL), INVALID, "dir_out");
+  uint64_t removed = 99;
+  CHECK_OK(rtpu_cache_clear(&removed));
+  CHECK(removed == 0);
+  CHECK_ERROR(rtpu_cache_clear(NULL), INVALID, "removed_out");
+
   CHECK_OK(rtpu_tensor_copy_to_host(&whole, back, sizeof back));
   CHECK(memcmp(back, want, sizeof want) == 0);
 
