@@ -4,6 +4,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -13,6 +15,18 @@ namespace {
 
 std::mutex g_open_mutex;
 std::atomic<const rtpu_runtime*> g_runtime{nullptr};
+
+// Set in a child forked after the runtime opened: PJRT's threads do not
+// survive fork, so the inherited runtime would wait on them for ever.
+std::atomic<bool> g_forked_child{false};
+
+void mark_forked_child() {
+  if (g_runtime.load(std::memory_order_relaxed) != nullptr) {
+    g_forked_child.store(true, std::memory_order_relaxed);
+  }
+}
+
+const int g_atfork_registered = pthread_atfork(nullptr, nullptr, mark_forked_child);
 
 } // namespace
 
@@ -29,6 +43,13 @@ void check(rtpu_error* error) {
 }
 
 const rtpu_runtime* runtime() {
+  TORCH_CHECK(
+      !g_forked_child.load(std::memory_order_relaxed),
+      "rtpu: cannot use tpu in a forked subprocess: the parent process opened "
+      "the device runtime, which does not survive fork. Use "
+      "torch.multiprocessing with the 'spawn' start method (as with CUDA), "
+      "e.g. DataLoader(multiprocessing_context='spawn'), or keep tpu work in "
+      "the parent.");
   if (const rtpu_runtime* rt = g_runtime.load(std::memory_order_acquire)) {
     return rt;
   }

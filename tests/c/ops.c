@@ -131,6 +131,19 @@ int main(void) {
   args[1].tag = RTPU_ARG_STRING;
   args[1].string_value = "not a tensor";
   CHECK_ERROR(rtpu_op_call(rt, find_op("aten::mul.Tensor"), args, 2, &result), INVALID, "Tensor");
+  /* A storage of another runtime is refused, even one never written (which
+   * has no buffer whose client could disagree), and s keeps its bytes. */
+  rtpu_runtime *other_rt = NULL;
+  CHECK_OK(rtpu_runtime_open(&open_args, &other_rt));
+  rtpu_storage *foreign = NULL;
+  CHECK_OK(rtpu_storage_new(other_rt, 0, 6 * sizeof(float), &foreign));
+  rtpu_tensor_ref foreign_whole = view_of(foreign, 0, sizes, strides, 2);
+  args[0].tag = args[1].tag = RTPU_ARG_TENSOR;
+  args[0].tensor = whole;
+  args[1].tensor = foreign_whole;
+  CHECK_ERROR(rtpu_op_call(rt, find_op("aten::mul.Tensor"), args, 2, &result), INVALID, "another runtime");
+  rtpu_storage_release(foreign);
+  rtpu_runtime_release(other_rt);
   CHECK(rtpu_op_result_count(NULL) == 0);
   rtpu_op_result_destroy(NULL);
   CHECK_ERROR(rtpu_op_result_get(NULL, 0, &out), INVALID, "result");

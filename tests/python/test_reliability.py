@@ -156,3 +156,48 @@ def test_a_cache_dir_others_could_write_is_made_private(tmp_path):
     cache.chmod(0o777)
     result, _ = run_cache_script(cache)
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700 and result["info"]["entries"] > 0
+
+
+FORK_SCRIPT = """
+import os, torch
+x = torch.ones(2, device="tpu") + 1  # the parent opens the runtime
+pid = os.fork()
+if pid == 0:
+    try:
+        torch.ones(2, device="tpu")
+        os._exit(3)
+    except RuntimeError as e:
+        os._exit(0 if "forked subprocess" in str(e) and "spawn" in str(e) else 4)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), (x + 1).cpu().tolist())
+"""
+
+SPAWN_SCRIPT = """
+import torch
+import torch.multiprocessing as mp
+
+
+def work(queue):
+    queue.put((torch.arange(3.0, device="tpu") * 2).cpu().tolist())
+
+
+if __name__ == "__main__":
+    x = torch.ones(2, device="tpu")  # the parent uses tpu too
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=work, args=(queue,))
+    child.start()
+    print("child", queue.get(timeout=240), (x + 1).cpu().tolist())
+    child.join()
+"""
+
+
+def test_a_forked_child_that_touches_tpu_gets_a_clear_error_and_spawn_works(tmp_path):
+    forked = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert forked.returncode == 0, forked.stderr
+    assert "child 0 [3.0, 3.0]" in forked.stdout, forked.stdout + forked.stderr
+    script = tmp_path / "spawn_child.py"
+    script.write_text(SPAWN_SCRIPT)
+    spawned = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert spawned.returncode == 0, spawned.stderr
+    assert "child [0.0, 2.0, 4.0] [2.0, 2.0]" in spawned.stdout, spawned.stdout

@@ -73,6 +73,15 @@ impl<'a> Builder<'a> {
         {
             return Ok(i);
         }
+        // Buffers of another client (another rtpu_runtime) cannot be inputs
+        // of this one's programs.
+        if storage.client().id() != self.client.id() {
+            return Err(Error::invalid(
+                format!("{}: tensors' runtimes", self.op),
+                "storages of the runtime the op is called with",
+                "a storage of another runtime",
+            ));
+        }
         self.use_device(storage.device_index())?;
         let value = if self.mode != Mode::Eager {
             storage.recorded_value()
