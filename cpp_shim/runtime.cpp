@@ -39,6 +39,9 @@ void check(rtpu_error* error) {
   rtpu_error_destroy(error);
   TORCH_CHECK_NOT_IMPLEMENTED(
       code != RTPU_ERROR_CODE_UNIMPLEMENTED, "rtpu: ", message);
+  // torch.OutOfMemoryError, as CUDA raises.
+  TORCH_CHECK_WITH(
+      OutOfMemoryError, code != RTPU_ERROR_CODE_RESOURCE_EXHAUSTED, "rtpu: ", message);
   TORCH_CHECK(false, "rtpu: ", message);
 }
 

@@ -143,6 +143,15 @@ pub enum Error {
         message: String,
     },
 
+    /// More bytes than the device can hold (`bytes` is None past 2^64).
+    #[error("{what} needs {}, more than the {capacity} bytes of tpu:{device}", bytes.map_or("more than 2^64 bytes".to_string(), |b| format!("{b} bytes")))]
+    OutOfMemory {
+        what: String,
+        bytes: Option<u64>,
+        capacity: u64,
+        device: usize,
+    },
+
     /// A tensor whose value a failed deferred graph was to compute.
     #[error("this tensor has no value: {message}")]
     LostValue { code: ErrorCode, message: String },
@@ -173,6 +182,7 @@ impl Error {
             Error::UnsupportedBufferType { .. } => ErrorCode::Unimplemented,
             Error::DeferredGraph { code, .. } | Error::LostValue { code, .. } => *code,
             Error::RecompileLimit { .. } => ErrorCode::FailedPrecondition,
+            Error::OutOfMemory { .. } => ErrorCode::ResourceExhausted,
         }
     }
 

@@ -5,6 +5,7 @@
 //! before that it reads as zeros. Views are `(offset, sizes, strides, dtype)`
 //! in elements, exactly as ATen keeps them.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::dtype::DType;
@@ -74,6 +75,64 @@ struct StorageState {
     host_copy: Option<Arc<Vec<u8>>>,
 }
 
+/// The bytes device `device_index` can hold: the plugin's limit when it
+/// reports one, else the host's memory (a CPU device's memory is the
+/// host's). Asked once per device.
+pub fn device_capacity(client: &Client, device_index: usize) -> u64 {
+    static CAPACITIES: OnceLock<Mutex<HashMap<(usize, usize), u64>>> = OnceLock::new();
+    let capacities = CAPACITIES.get_or_init(Default::default);
+    let key = (client.id(), device_index);
+    if let Some(&known) = capacities
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+    {
+        return known;
+    }
+    let reported = client
+        .device(device_index)
+        .and_then(|d| d.memory_stats())
+        .ok()
+        .flatten()
+        .and_then(|stats| stats.bytes_limit)
+        .and_then(|limit| u64::try_from(limit).ok())
+        .filter(|&limit| limit > 0);
+    let capacity = reported.or_else(host_memory).unwrap_or(u64::MAX);
+    capacities
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, capacity);
+    capacity
+}
+
+/// The host's physical memory (MemTotal of /proc/meminfo).
+fn host_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Checks that `bytes` (None: past 2^64) fit on the device, before anything
+/// is allocated or lowered: a plugin asked for more aborts the process.
+pub fn check_fits(
+    client: &Client,
+    device_index: usize,
+    what: impl FnOnce() -> String,
+    bytes: Option<u64>,
+) -> Result<()> {
+    let capacity = device_capacity(client, device_index);
+    match bytes {
+        Some(b) if b <= capacity => Ok(()),
+        _ => Err(Error::OutOfMemory {
+            what: what(),
+            bytes,
+            capacity,
+            device: device_index,
+        }),
+    }
+}
+
 /// Host writes up to this size keep a host copy.
 const MAX_HOST_COPY_BYTES: usize = 1 << 16;
 
@@ -103,6 +162,13 @@ impl View {
 
     pub fn numel(&self) -> usize {
         self.sizes.iter().map(|&s| s.max(0) as usize).product()
+    }
+
+    /// The element count, or None past 2^64 (a view `check_within` refuses).
+    fn checked_numel(&self) -> Option<u64> {
+        self.sizes
+            .iter()
+            .try_fold(1u64, |n, &s| n.checked_mul(u64::try_from(s).ok()?))
     }
 
     /// True when the view is the row-major layout of its sizes (ignoring
@@ -141,16 +207,26 @@ impl View {
                 self.offset,
             ));
         }
-        if self.numel() == 0 {
-            return Ok(());
+        let too_large = || {
+            Error::invalid(
+                format!("view of sizes {:?} strides {:?}", self.sizes, self.strides),
+                "element counts and offsets that fit in 64 bits",
+                "more",
+            )
+        };
+        match self.checked_numel() {
+            None => return Err(too_large()),
+            Some(0) => return Ok(()),
+            Some(_) => {}
         }
-        let last: i64 = self.offset
-            + self
-                .sizes
-                .iter()
-                .zip(&self.strides)
-                .map(|(&n, &s)| (n - 1) * s)
-                .sum::<i64>();
+        let last = self
+            .sizes
+            .iter()
+            .zip(&self.strides)
+            .try_fold(self.offset, |sum, (&n, &s)| {
+                sum.checked_add((n - 1).checked_mul(s)?)
+            })
+            .ok_or_else(too_large)?;
         if last as u64 >= storage_elements as u64 {
             return Err(Error::invalid(
                 format!(
@@ -198,6 +274,12 @@ impl View {
 impl Storage {
     pub fn new(client: &Client, device_index: usize, nbytes: usize) -> Result<Arc<Storage>> {
         let device = client.device(device_index)?;
+        check_fits(
+            client,
+            device_index,
+            || "a storage".to_string(),
+            Some(nbytes as u64),
+        )?;
         Ok(Arc::new(Storage {
             client: client.clone(),
             device,
@@ -430,6 +512,12 @@ impl Storage {
         if nbytes == self.nbytes() {
             return Ok(());
         }
+        check_fits(
+            &self.client,
+            self.device_index,
+            || "a resized storage".to_string(),
+            Some(nbytes as u64),
+        )?;
         match self.value()? {
             StorageValue::Buffer { buffer, dtype } => {
                 let mut bytes = buffer.to_host()?;

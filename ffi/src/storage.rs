@@ -198,6 +198,7 @@ pub extern "C" fn rtpu_tensor_copy_to_host(
         let src = unsafe { non_null(src, "src") }?;
         // SAFETY: its pointers are valid per the docs.
         let (storage, view) = unsafe { tensor_view(src, "src") }?;
+        view.check_within(storage.elements(view.dtype)?)?;
         let expected = view.numel() * view.dtype.size_in_bytes();
         if nbytes != expected {
             return Err(FfiError::invalid(format!(

@@ -102,6 +102,11 @@ int main(void) {
   CHECK_ERROR(rtpu_storage_new(rt, 99, 4, &none), INVALID, "device index");
   CHECK(none == NULL);
   CHECK_ERROR(rtpu_storage_resize(NULL, 4), INVALID, "storage");
+  /* More than any device holds: refused before anything is allocated. */
+  CHECK_ERROR(rtpu_storage_new(rt, 0, SIZE_MAX, &none), RTPU_ERROR_CODE_RESOURCE_EXHAUSTED, "bytes of tpu:0");
+  CHECK(none == NULL);
+  CHECK_ERROR(rtpu_storage_resize(s, SIZE_MAX), RTPU_ERROR_CODE_RESOURCE_EXHAUSTED, "bytes of tpu:0");
+  CHECK(rtpu_storage_nbytes(s) == 24);
   rtpu_storage_retain(NULL);
   rtpu_storage_release(NULL);
   CHECK(rtpu_storage_nbytes(NULL) == 0);
@@ -109,6 +114,11 @@ int main(void) {
   rtpu_tensor_ref too_big = view_of(s, 0, big_sizes, strides, 2);
   CHECK_ERROR(rtpu_tensor_copy_to_host(&too_big, back, 9 * sizeof(float)), INVALID, "storage");
   CHECK_ERROR(rtpu_tensor_copy_to_host(NULL, back, sizeof back), INVALID, "src");
+  /* 2^96 elements (a stride-0 expand) wrap a 64-bit count to 0: refused. */
+  const int64_t wrapping_sizes[3] = {INT64_C(1) << 32, INT64_C(1) << 32, INT64_C(1) << 32};
+  const int64_t zero_strides[3] = {0, 0, 0};
+  rtpu_tensor_ref wrapping = view_of(s, 0, wrapping_sizes, zero_strides, 3);
+  CHECK_ERROR(rtpu_tensor_copy_to_host(&wrapping, back, sizeof back), INVALID, "64 bits");
   CHECK_ERROR(rtpu_tensor_copy_to_host(&whole, back, 3), INVALID, "nbytes");
   CHECK_ERROR(rtpu_tensor_copy_to_host(&whole, NULL, sizeof back), INVALID, "data");
   CHECK_ERROR(rtpu_tensor_copy_from_host(&whole, data, 5), INVALID, "bytes");

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import rtpu
-from test_models import small_gpt, assert_loss_goes_down, image_batches, small_cnn, token_batches
+from test_models import assert_close_to_max, small_gpt, assert_loss_goes_down, image_batches, small_cnn, token_batches
 from test_step import mlp, mlp_batches
 
 DEVICE = "tpu"
@@ -38,12 +38,13 @@ def train(device, make_model, make_optimizer, batches, steps, seed, compiled):
     return [loss.item() for loss in losses], model
 
 
-# (model, optimizer, batches, (rtol, atol) of the loss curve): the eager
-# model tests' tolerances.
+# (model, optimizer, batches, (rtol, atol) of the loss curve). Measured
+# over 6 fresh seeds: within 1.4e-6 relative (gpt; 1.2e-7 mlp and cnn), so
+# rtol 2e-5 is a 15x margin.
 CASES = {
-    "mlp": (mlp, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), mlp_batches, (1e-4, 1e-6)),
-    "cnn": (small_cnn, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), image_batches, (2e-3, 1e-5)),
-    "gpt": (small_gpt, lambda ps: torch.optim.AdamW(ps, lr=3e-3), token_batches, (2e-3, 1e-5)),
+    "mlp": (mlp, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), mlp_batches, (2e-5, 0)),
+    "cnn": (small_cnn, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), image_batches, (2e-5, 0)),
+    "gpt": (small_gpt, lambda ps: torch.optim.AdamW(ps, lr=3e-3), token_batches, (2e-5, 0)),
 }
 
 
@@ -68,9 +69,13 @@ def test_a_compiled_train_step_gives_cpu_eager_loss_curve_by_replaying(name):
     torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=rtol, atol=atol)
     assert_loss_goes_down(tpu_losses, len(batches))
     assert after["cpu_fallbacks"] == before["cpu_fallbacks"], "an op fell back to the CPU"
-    # Buffers the compiled forward mutates (BatchNorm statistics) match too.
+    # Buffers the compiled forward mutates (BatchNorm statistics) match too:
+    # measured within 1.5e-6 of each one's largest value, so 2e-5.
     for (n, b), (_, c) in zip(tpu_model.named_buffers(), cpu_model.named_buffers()):
-        torch.testing.assert_close(b.cpu(), c, rtol=1e-3, atol=1e-5, msg=n)
+        if b.is_floating_point():
+            assert_close_to_max(b.cpu(), c, 2e-5, n)
+        else:
+            assert torch.equal(b.cpu(), c), n
 
 
 def test_a_100_step_compiled_loop_compiles_each_graph_once_and_replays_without_per_op_work():
@@ -227,6 +232,10 @@ class MeanPooled(torch.nn.Module):
         return self.head(torch.tanh(self.embed(tokens)).mean(1))
 
 
+# (rtol, atol) of the loss curves of bucketed graphs: padded reductions sum
+# in another order than unpadded ones, so these get more room than CASES.
+PADDED = (2e-4, 1e-5)
+
 DYNAMIC_CASES = {
     # (model, optimizer, batch of a size, dynamic dim of x, of y, loss tolerances)
     "gpt sequence length": (
@@ -235,7 +244,7 @@ DYNAMIC_CASES = {
         lambda g, n: (lambda t: (t[:, :-1], t[:, 1:]))(torch.randint(0, 64, (4, n + 1), generator=g)),
         1,
         1,
-        CASES["gpt"][3],
+        PADDED,
     ),
     "mean-pooled sequence length": (
         MeanPooled,
@@ -243,7 +252,7 @@ DYNAMIC_CASES = {
         lambda g, n: (torch.randint(0, 64, (4, n), generator=g), torch.randint(0, 5, (4,), generator=g)),
         1,
         None,
-        (2e-4, 1e-5),
+        PADDED,
     ),
     "cnn batch": (
         lambda: torch.nn.Sequential(
@@ -255,7 +264,7 @@ DYNAMIC_CASES = {
         lambda g, n: (torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, 10, (n,), generator=g)),
         0,
         0,
-        CASES["cnn"][3],
+        PADDED,
     ),
     "cnn with batch norm batch": (
         small_cnn,
@@ -263,7 +272,7 @@ DYNAMIC_CASES = {
         lambda g, n: (torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
         0,
         0,
-        CASES["cnn"][3],
+        PADDED,
     ),
     "mlp batch": (
         mlp,
@@ -271,8 +280,7 @@ DYNAMIC_CASES = {
         lambda g, n: (torch.randn(n, 32, generator=g), torch.randint(0, 10, (n,), generator=g)),
         0,
         0,
-        # Padded reductions may sum in another order than unpadded ones.
-        (2e-4, 1e-5),
+        PADDED,
     ),
 }
 

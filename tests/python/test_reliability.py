@@ -1,6 +1,8 @@
 """Defects a user hits without trying hard, each held by a test: device
-buffers left by changing scalars, and a disk cache that trusted its bytes
-and its directory."""
+buffers left by changing scalars, a disk cache that trusted its bytes and
+its directory, a forked child that hung, and sizes past the device that
+crashed the process. Whatever could kill the test runner runs in a
+subprocess."""
 
 import gc
 import json
@@ -12,9 +14,9 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import rtpu
+from test_step import mse_steps
 
 DEVICE = "tpu"
 
@@ -52,12 +54,8 @@ def test_adam_with_a_scheduled_learning_rate_keeps_live_buffers_flat():
     x, y = torch.randn(4, 8).to(DEVICE), torch.randn(4, 8).to(DEVICE)
 
     def steps(count):
-        for _ in range(count):
-            with rtpu.step():
-                optimizer.zero_grad()
-                F.mse_loss(model(x), y).backward()
-                optimizer.step()
-            schedule.step()  # a new learning rate, and new bias corrections, every step
+        # A new learning rate, and new bias corrections, every step.
+        mse_steps(model, optimizer, x, y, count, schedule)
 
     # Compiles, creates Adam's state and fills rtpu's cache of repeated
     # scalars, which then keeps its size.
@@ -201,3 +199,30 @@ def test_a_forked_child_that_touches_tpu_gets_a_clear_error_and_spawn_works(tmp_
     spawned = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert spawned.returncode == 0, spawned.stderr
     assert "child [0.0, 2.0, 4.0] [2.0, 2.0]" in spawned.stdout, spawned.stdout
+
+
+HUGE_SCRIPT = """
+import torch
+attempts = {
+    "empty": lambda: torch.empty(2**40, device="tpu"),
+    "expand": lambda: torch.zeros(1, device="tpu").expand(2**31, 2**31).sum(),
+    "resize": lambda: torch.ones(3, device="tpu").resize_(2**40),
+}
+allocated = torch.tpu.memory_allocated()
+for name, attempt in attempts.items():
+    try:
+        attempt()
+        print(name, "no error")
+    except torch.OutOfMemoryError as e:
+        print(name, "out of memory", "bytes of tpu:0" in str(e))
+print("allocated", torch.tpu.memory_allocated() - allocated)
+print("after", (torch.ones(3, device="tpu") * 2).cpu().tolist())
+"""
+
+
+def test_sizes_past_the_device_are_out_of_memory_errors_and_the_process_goes_on():
+    done = subprocess.run([sys.executable, "-c", HUGE_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for name in ("empty", "expand", "resize"):
+        assert f"{name} out of memory True" in done.stdout, done.stdout + done.stderr
+    assert "allocated 0" in done.stdout and "after [2.0, 2.0, 2.0]" in done.stdout, done.stdout

@@ -11,13 +11,14 @@ import re
 import subprocess
 import sys
 import textwrap
+import traceback
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import rtpu
-from test_models import small_gpt, assert_loss_goes_down, image_batches, small_cnn, token_batches
+from test_models import assert_close_to_max, small_gpt, assert_loss_goes_down, image_batches, small_cnn, token_batches
 
 DEVICE = "tpu"
 
@@ -52,21 +53,25 @@ def train(device, make_model, make_optimizer, batches, steps, seed, step_mode):
     return [loss.item() for loss in losses], model
 
 
-# (model, optimizer, batches, (rtol, atol) of the loss curve, whether the
-# trained weights are compared): the tolerances of the eager model tests.
-# AdamW's weights are not compared: it moves a weight by about lr whatever
-# the size of its gradient, so a near-zero gradient that differs in rounding
-# moves it differently while the loss agrees.
+# (model, optimizer, batches, rtol of the loss curve, tolerance of the
+# trained weights as a fraction of each tensor's largest value, or None).
+# Measured over 8 fresh seeds (and the seeds that ever failed here): loss
+# curves within 2.4e-7 relative (mlp, cnn, gpt), so 1e-5 is a 40x margin;
+# weights within 2e-7 (mlp) and 2.6e-4 (cnn: a ReLU or max-pool tie that
+# rounds the other way moves a few weight elements) of their largest value,
+# so 1e-5 and 1e-3. AdamW's weights are not compared: it moves a weight by
+# about lr whatever the size of its gradient, so a near-zero gradient that
+# differs in rounding moves it differently while the loss agrees.
 CASES = {
-    "mlp": (mlp, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), mlp_batches, (1e-4, 1e-6), True),
-    "cnn": (small_cnn, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), image_batches, (2e-3, 1e-5), True),
-    "gpt": (small_gpt, lambda ps: torch.optim.AdamW(ps, lr=3e-3), token_batches, (2e-3, 1e-5), False),
+    "mlp": (mlp, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), mlp_batches, 1e-5, 1e-5),
+    "cnn": (small_cnn, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), image_batches, 1e-5, 1e-3),
+    "gpt": (small_gpt, lambda ps: torch.optim.AdamW(ps, lr=3e-3), token_batches, 1e-5, None),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_step_mode_gives_cpu_eager_loss_curve_as_one_program_per_step(name):
-    make_model, make_optimizer, make_batches, (rtol, atol), compare_weights = CASES[name]
+    make_model, make_optimizer, make_batches, loss_rtol, weights_tolerance = CASES[name]
     seed = torch.seed() % 2**31
     print(f"{name}: seed {seed}")  # shown on failure, to replay it
     batches = make_batches(seed)
@@ -75,15 +80,15 @@ def test_step_mode_gives_cpu_eager_loss_curve_as_one_program_per_step(name):
     tpu_losses, tpu_model = train(DEVICE, make_model, make_optimizer, batches, steps, seed, step_mode=True)
     after = rtpu.metrics()
     cpu_losses, cpu_model = train("cpu", make_model, make_optimizer, batches, steps, seed, step_mode=False)
-    torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=rtol, atol=atol)
+    torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=loss_rtol, atol=0)
     assert_loss_goes_down(tpu_losses, len(batches))
     assert after["cpu_fallbacks"] == before["cpu_fallbacks"], "an op fell back to the CPU"
     # Every op of a step was recorded, and each step ran as one program.
     assert after["ops_run"] == before["ops_run"]
     assert after["graph_executions"] - before["graph_executions"] == steps
-    for (n, p), (_, q) in zip(tpu_model.named_parameters(), cpu_model.named_parameters()):
-        if compare_weights:
-            torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-3, atol=1e-5, msg=n)
+    if weights_tolerance is not None:
+        for (n, p), (_, q) in zip(tpu_model.named_parameters(), cpu_model.named_parameters()):
+            assert_close_to_max(p.detach().cpu(), q.detach(), weights_tolerance, n)
 
 
 def test_a_200_step_loop_with_a_changing_learning_rate_compiles_once_after_warm_up():
@@ -213,20 +218,20 @@ def test_a_changed_op_is_named_in_the_recompile_explanation(capfd):
     torch.testing.assert_close(y.cpu(), torch.tanh(x_cpu * 2))
 
 
-def test_a_failing_graph_names_the_line_of_the_failing_op_and_loses_nothing():
+def test_an_op_too_large_for_the_device_fails_at_its_line_and_the_step_goes_on():
     w = torch.ones(3).to(DEVICE)
-    with pytest.raises(RuntimeError) as raised:
+    small = torch.ones(1, device=DEVICE)
+    with pytest.raises(torch.OutOfMemoryError, match=r"aten::\w+.*needs \d+ bytes, more than the \d+ bytes of tpu:0") as raised:
         with rtpu.step():
             w.mul_(2)
-            huge = torch.ones(2**42, dtype=torch.uint8, device=DEVICE)  # 4 TiB: no device has it
-            (huge + 1).sum()
-    message = str(raised.value)
-    assert re.search(r"failed in op \d+, aten::\w+.* recorded at .*test_step\.py:\d+", message), message
-    line = message.split("recorded at ")[-1]
-    assert "huge = torch.ones" in open(__file__).read().splitlines()[int(line.split(":")[1].split()[0]) - 1]
-    # The step's write to w never happened, and w is still readable.
-    torch.testing.assert_close(w.cpu(), torch.ones(3))
+            small.expand(2**42).sum()  # 16 TiB of float32: refused before it is lowered
+    assert any("small.expand(2**42)" in (frame.line or "") for frame in traceback.extract_tb(raised.tb))
+    # As with any exception in a step, what it recorded before still runs.
+    torch.testing.assert_close(w.cpu(), torch.full((3,), 2.0))
     assert torch.tpu.get_execution_mode() == "eager"
+    with rtpu.step():
+        w.mul_(2)
+    torch.testing.assert_close(w.cpu(), torch.full((3,), 4.0))
 
 
 def test_an_index_computed_in_a_step_is_checked_on_the_device_and_named():
@@ -246,6 +251,18 @@ def test_an_index_computed_in_a_step_is_checked_on_the_device_and_named():
     with pytest.raises(RuntimeError, match="out of range"):
         bad.cpu()  # the value stays an error, never the clamped gather
     torch.testing.assert_close(table.cpu(), table_cpu)
+
+
+def mse_steps(model, optimizer, x, y, count, schedule=None):
+    """`count` steps of training `model` on (x, y), each one program; the
+    learning-rate `schedule` steps after each."""
+    for _ in range(count):
+        with rtpu.step():
+            optimizer.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            optimizer.step()
+        if schedule is not None:
+            schedule.step()
 
 
 def peak_rss_growth(run) -> int:
@@ -299,11 +316,7 @@ def test_1000_steps_leave_device_memory_flat():
     donated_before = rtpu.metrics()["buffers_donated"]
 
     def steps(count):
-        for _ in range(count):
-            with rtpu.step():
-                optimizer.zero_grad()
-                F.mse_loss(model(x), y).backward()
-                optimizer.step()
+        mse_steps(model, optimizer, x, y, count)
 
     steps(20)
     gc.collect()  # what earlier tests left for the collector is not this loop's

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::ir::TensorType;
 use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client, ExecuteOptions};
-use crate::storage::{Storage, View};
+use crate::storage::{self, Storage, View};
 
 /// TPUs have no 64-bit floats: a float64 (or complex128) op there is a
 /// clear error, never a silently narrowed result.
@@ -30,6 +30,35 @@ fn check_platform_dtypes(b: &Builder) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Every value of the op's graph fits on its device. A plugin asked for more
+/// aborts the process (a C++ exception Rust cannot catch), so the op is
+/// refused before it is lowered: `torch.zeros(1).expand(2**31, 2**31).sum()`
+/// is an out-of-memory error, not a crash.
+fn check_sizes(b: &Builder, device_index: usize) -> Result<()> {
+    let bytes = |ty: &TensorType| {
+        ty.dims
+            .iter()
+            .try_fold(ty.dtype.size_in_bytes() as u64, |n, &d| {
+                n.checked_mul(u64::try_from(d).ok()?)
+            })
+    };
+    let types = b
+        .graph
+        .params
+        .iter()
+        .chain(b.graph.nodes.iter().map(|(_, ty)| ty));
+    // The largest value, or None when one is past 2^64 bytes.
+    let largest = types
+        .map(bytes)
+        .try_fold(0u64, |most, value| Some(most.max(value?)));
+    storage::check_fits(
+        b.client,
+        device_index,
+        || format!("{}: a value of its program", b.op),
+        largest,
+    )
 }
 
 pub(super) fn run(mut b: Builder) -> Result<Vec<Output>> {
@@ -56,6 +85,7 @@ pub(super) fn run(mut b: Builder) -> Result<Vec<Output>> {
             .collect());
     }
     check_platform_dtypes(&b)?;
+    check_sizes(&b, device_index)?;
     if b.mode != Mode::Eager {
         return deferred::record(b, device_index);
     }
