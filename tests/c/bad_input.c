@@ -200,6 +200,17 @@ static void bad_programs_and_executions(rtpu_runtime *rt) {
   compile.num_replicas = 0;
   CHECK_ERROR(rtpu_executable_compile(rt, &compile, &exe), INVALID, "num_replicas");
   compile.num_replicas = 1;
+  /* More replicas times partitions than devices, or a product that
+   * overflows: refused before the plugin sees them. */
+  compile.num_partitions = SIZE_MAX;
+  CHECK_ERROR(rtpu_executable_compile(rt, &compile, &exe), INVALID, "devices");
+  compile.num_replicas = 2;
+  compile.num_partitions = SIZE_MAX / 2 + 1;
+  CHECK_ERROR(rtpu_executable_compile(rt, &compile, &exe), INVALID, "devices");
+  compile.num_replicas = rtpu_runtime_device_count(rt) + 1;
+  compile.num_partitions = 1;
+  CHECK_ERROR(rtpu_executable_compile(rt, &compile, &exe), INVALID, "devices");
+  compile.num_replicas = 1;
   CHECK(exe == NULL);
   CHECK_OK(rtpu_executable_compile(rt, &compile, &exe));
 

@@ -152,6 +152,22 @@ fn parameter_type(shape: &ShapeProto) -> Option<ParameterType> {
 impl Client {
     /// Compiles a StableHLO module given as MLIR text.
     pub fn compile(&self, stablehlo: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
+        // More replicas times partitions than devices makes the plugin
+        // allocate per device it does not have (an abort at SIZE_MAX).
+        let devices = self.device_count();
+        match options.num_replicas.checked_mul(options.num_partitions) {
+            Some(n) if n <= devices => {}
+            _ => {
+                return Err(Error::invalid(
+                    "compile options",
+                    format!("num_replicas * num_partitions at most the {devices} devices"),
+                    format!(
+                        "num_replicas={} num_partitions={}",
+                        options.num_replicas, options.num_partitions
+                    ),
+                ))
+            }
+        }
         let options = options.to_proto_bytes()?;
         let format = "mlir";
         let mut program = sys::PJRT_Program::new();
