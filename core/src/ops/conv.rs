@@ -2,7 +2,7 @@
 //! transposed) and its backward, as StableHLO convolutions; the backward
 //! follows the standard transposition rules (as JAX derives them).
 
-use super::{is_float, op, OpDef};
+use super::{accumulate_dtype, is_float, OpDef};
 use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, ReduceOp, ValueId};
@@ -305,7 +305,7 @@ fn convolution_backward(b: &mut Builder, first: usize) -> Result<()> {
     }
     if mask[2] {
         let dims: Vec<i64> = (0..gd.len() as i64).filter(|&d| d != 1).collect();
-        let acc = super::reduce::accumulate_dtype(dtype);
+        let acc = accumulate_dtype(dtype);
         let gy = b.convert(gy, acc);
         let gb = b.reduce(gy, ReduceOp::Sum, &dims);
         let gb = b.convert(gb, dtype);
@@ -318,11 +318,12 @@ fn convolution_backward(b: &mut Builder, first: usize) -> Result<()> {
 
 pub(super) fn ops() -> Vec<OpDef> {
     vec![
-        op("aten::convolution", convolution),
-        op("aten::convolution_overrideable", convolution),
-        op("aten::convolution_backward", |b| convolution_backward(b, 4)),
-        op("aten::convolution_backward_overrideable", |b| {
-            convolution_backward(b, 3)
-        }),
+        op!("aten::convolution", convolution()),
+        op!("aten::convolution_overrideable", convolution()),
+        op!("aten::convolution_backward", convolution_backward(4)),
+        op!(
+            "aten::convolution_backward_overrideable",
+            convolution_backward(3)
+        ),
     ]
 }

@@ -1,33 +1,11 @@
-//! Normalisation (layer, batch, group norm, with backwards) and the
-//! embedding backward.
+//! Normalisation: layer, batch and group norm, with backwards. Statistics
+//! are computed in float32 for 16-bit inputs, as ATen does.
 
-use super::{is_float, op, OpDef};
+use super::{accumulate_dtype, float_input, Arith, OpDef};
 use crate::dtype::DType;
 use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Literal, ReduceOp, UnaryOp, ValueId};
-
-/// Statistics are computed in float32 for 16-bit inputs, as ATen does.
-fn compute_dtype(dtype: DType) -> DType {
-    if matches!(dtype, DType::F16 | DType::BF16) {
-        DType::F32
-    } else {
-        dtype
-    }
-}
-
-fn float_arg(b: &mut Builder, index: usize) -> Result<(ValueId, DType, Vec<i64>)> {
-    let view = b.tensor_arg(index)?.view.clone();
-    if !is_float(view.dtype) {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a floating point tensor",
-            view.dtype,
-        ));
-    }
-    let x = b.tensor(index)?;
-    Ok((x, view.dtype, view.sizes))
-}
 
 /// Optional tensor argument `index` as a value of `dtype`, reshaped to `dims`.
 fn optional(b: &mut Builder, index: usize, dtype: DType, dims: &[i64]) -> Result<Option<ValueId>> {
@@ -48,16 +26,6 @@ fn output_mask(b: &Builder, index: usize) -> Result<[bool; 3]> {
     }
 }
 
-fn mul(b: &mut Builder, x: ValueId, y: ValueId) -> Result<ValueId> {
-    b.binary(BinaryOp::Mul, x, y)
-}
-fn sub(b: &mut Builder, x: ValueId, y: ValueId) -> Result<ValueId> {
-    b.binary(BinaryOp::Sub, x, y)
-}
-fn add(b: &mut Builder, x: ValueId, y: ValueId) -> Result<ValueId> {
-    b.binary(BinaryOp::Add, x, y)
-}
-
 /// Mean over `dims` of `x`, kept broadcastable to x's shape.
 fn mean_keep(b: &mut Builder, x: ValueId, dims: &[i64]) -> Result<ValueId> {
     let shape = b.dims(x);
@@ -75,13 +43,13 @@ fn mean_keep(b: &mut Builder, x: ValueId, dims: &[i64]) -> Result<ValueId> {
 fn inv_std(b: &mut Builder, var: ValueId, eps_index: usize) -> Result<ValueId> {
     let eps = b.scalar_arg(eps_index, b.dtype(var))?;
     let eps = b.broadcast_to(eps, &b.dims(var))?;
-    let v = add(b, var, eps)?;
+    let v = b.add(var, eps)?;
     Ok(b.unary(UnaryOp::Rsqrt, v))
 }
 
 /// native_layer_norm(input, normalized_shape, weight?, bias?, eps).
 fn layer_norm(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_arg(b, 0)?;
+    let (x, dtype, dims) = float_input(b, 0)?;
     let normalized = b.int_list_arg(1)?;
     let axis = dims
         .len()
@@ -94,24 +62,24 @@ fn layer_norm(b: &mut Builder) -> Result<()> {
                 format!("{normalized:?}"),
             )
         })?;
-    let cd = compute_dtype(dtype);
+    let cd = accumulate_dtype(dtype);
     let m: i64 = dims[..axis].iter().product();
     let n: i64 = normalized.iter().product();
     let x = b.convert(x, cd);
     let x = b.reshape(x, &[m, n])?;
     let mean = mean_keep(b, x, &[1])?;
-    let centered = sub(b, x, mean)?;
-    let sq = mul(b, centered, centered)?;
+    let centered = b.sub(x, mean)?;
+    let sq = b.mul(centered, centered)?;
     let var = mean_keep(b, sq, &[1])?;
     let rstd = inv_std(b, var, 4)?;
-    let mut y = mul(b, centered, rstd)?;
+    let mut y = b.mul(centered, rstd)?;
     if let Some(w) = optional(b, 2, cd, &[n])? {
         let w = b.broadcast_in_dim(w, &[m, n], &[1]);
-        y = mul(b, y, w)?;
+        y = b.mul(y, w)?;
     }
     if let Some(bias) = optional(b, 3, cd, &[n])? {
         let bias = b.broadcast_in_dim(bias, &[m, n], &[1]);
-        y = add(b, y, bias)?;
+        y = b.add(y, bias)?;
     }
     let y = b.reshape(y, &dims)?;
     let y = b.convert(y, dtype);
@@ -133,11 +101,11 @@ fn layer_norm(b: &mut Builder) -> Result<()> {
 /// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
 /// weight?, bias?, output_mask).
 fn layer_norm_backward(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_arg(b, 1)?;
+    let (x, dtype, dims) = float_input(b, 1)?;
     let normalized = b.int_list_arg(2)?;
     let axis = dims.len().saturating_sub(normalized.len());
     let mask = output_mask(b, 7)?;
-    let cd = compute_dtype(dtype);
+    let cd = accumulate_dtype(dtype);
     let (m, n) = (
         dims[..axis].iter().product::<i64>(),
         normalized.iter().product::<i64>(),
@@ -153,24 +121,24 @@ fn layer_norm_backward(b: &mut Builder) -> Result<()> {
         optional(b, 4, cd, &[m])?.ok_or_else(|| b.arg_error(4, "the forward's rstd", "None"))?;
     let mean = b.broadcast_in_dim(mean, &[m, n], &[0]);
     let rstd = b.broadcast_in_dim(rstd, &[m, n], &[0]);
-    let centered = sub(b, x, mean)?;
-    let xhat = mul(b, centered, rstd)?;
+    let centered = b.sub(x, mean)?;
+    let xhat = b.mul(centered, rstd)?;
     let weight = optional(b, 5, cd, &[n])?;
     if mask[0] {
         let gw = match weight {
             Some(w) => {
                 let w = b.broadcast_in_dim(w, &[m, n], &[1]);
-                mul(b, g, w)?
+                b.mul(g, w)?
             }
             None => g,
         };
         let a = mean_keep(b, gw, &[1])?;
-        let gx = mul(b, gw, xhat)?;
+        let gx = b.mul(gw, xhat)?;
         let c = mean_keep(b, gx, &[1])?;
-        let xc = mul(b, xhat, c)?;
-        let d = sub(b, gw, a)?;
-        let d = sub(b, d, xc)?;
-        let gi = mul(b, rstd, d)?;
+        let xc = b.mul(xhat, c)?;
+        let d = b.sub(gw, a)?;
+        let d = b.sub(d, xc)?;
+        let gi = b.mul(rstd, d)?;
         let gi = b.reshape(gi, &dims)?;
         let gi = b.convert(gi, dtype);
         b.output(gi)?;
@@ -181,7 +149,7 @@ fn layer_norm_backward(b: &mut Builder) -> Result<()> {
         let present = b.opt_tensor_arg(param)?.map(|t| t.view.clone());
         match present {
             Some(view) if mask[k] => {
-                let term = if k == 1 { mul(b, g, xhat)? } else { g };
+                let term = if k == 1 { b.mul(g, xhat)? } else { g };
                 let s = b.reduce(term, ReduceOp::Sum, &[0]);
                 let s = b.reshape(s, &view.sizes)?;
                 let s = b.convert(s, view.dtype);
@@ -207,7 +175,7 @@ fn per_channel(b: &mut Builder, v: ValueId, dims: &[i64]) -> ValueId {
 /// training, momentum, eps) -> (out, save_mean, save_invstd); training
 /// updates the running statistics in place.
 fn batch_norm(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_arg(b, 0)?;
+    let (x, dtype, dims) = float_input(b, 0)?;
     if dims.len() < 2 {
         return Err(Error::invalid(
             format!("{}: input", b.op_name()),
@@ -216,7 +184,7 @@ fn batch_norm(b: &mut Builder) -> Result<()> {
         ));
     }
     let c = dims[1];
-    let cd = compute_dtype(dtype);
+    let cd = accumulate_dtype(dtype);
     let training = b.bool_arg(5)?;
     let xc = b.convert(x, cd);
     let reduce = batch_dims(dims.len());
@@ -226,8 +194,8 @@ fn batch_norm(b: &mut Builder) -> Result<()> {
         let n = b.constant(Literal::Int(count), cd, &[c]);
         let mean = b.binary(BinaryOp::Div, s, n)?;
         let mb = per_channel(b, mean, &dims);
-        let centered = sub(b, xc, mb)?;
-        let sq = mul(b, centered, centered)?;
+        let centered = b.sub(xc, mb)?;
+        let sq = b.mul(centered, centered)?;
         let ss = b.reduce(sq, ReduceOp::Sum, &reduce);
         let var = b.binary(BinaryOp::Div, ss, n)?;
         let invstd = inv_std(b, var, 7)?;
@@ -243,10 +211,10 @@ fn batch_norm(b: &mut Builder) -> Result<()> {
                 let momentum = b.scalar_arg(6, cd)?;
                 let momentum = b.broadcast_to(momentum, &[c])?;
                 let one = b.constant(Literal::Int(1), cd, &[c]);
-                let keep = sub(b, one, momentum)?;
-                let kept = mul(b, keep, old)?;
-                let fresh = mul(b, momentum, stat)?;
-                let updated = add(b, kept, fresh)?;
+                let keep = b.sub(one, momentum)?;
+                let kept = b.mul(keep, old)?;
+                let fresh = b.mul(momentum, stat)?;
+                let updated = b.add(kept, fresh)?;
                 b.write(&t, updated)?;
             }
         }
@@ -261,15 +229,15 @@ fn batch_norm(b: &mut Builder) -> Result<()> {
     };
     let mb = per_channel(b, mean_c, &dims);
     let ib = per_channel(b, invstd_c, &dims);
-    let centered = sub(b, xc, mb)?;
-    let mut y = mul(b, centered, ib)?;
+    let centered = b.sub(xc, mb)?;
+    let mut y = b.mul(centered, ib)?;
     if let Some(w) = optional(b, 1, cd, &[c])? {
         let w = per_channel(b, w, &dims);
-        y = mul(b, y, w)?;
+        y = b.mul(y, w)?;
     }
     if let Some(bias) = optional(b, 2, cd, &[c])? {
         let bias = per_channel(b, bias, &dims);
-        y = add(b, y, bias)?;
+        y = b.add(y, bias)?;
     }
     let y = b.convert(y, dtype);
     b.output(y)?;
@@ -288,9 +256,9 @@ fn batch_norm(b: &mut Builder) -> Result<()> {
 /// native_batch_norm_backward(grad_out, input, weight?, running_mean?,
 /// running_var?, save_mean?, save_invstd?, train, eps, output_mask).
 fn batch_norm_backward(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_arg(b, 1)?;
+    let (x, dtype, dims) = float_input(b, 1)?;
     let c = dims[1];
-    let cd = compute_dtype(dtype);
+    let cd = accumulate_dtype(dtype);
     let train = b.bool_arg(7)?;
     let mask = output_mask(b, 9)?;
     let reduce = batch_dims(dims.len());
@@ -313,31 +281,31 @@ fn batch_norm_backward(b: &mut Builder) -> Result<()> {
     };
     let mb = per_channel(b, mean, &dims);
     let ib = per_channel(b, invstd, &dims);
-    let centered = sub(b, xc, mb)?;
-    let xhat = mul(b, centered, ib)?;
+    let centered = b.sub(xc, mb)?;
+    let xhat = b.mul(centered, ib)?;
     let weight = optional(b, 2, cd, &[c])?;
     let sum_g = b.reduce(g, ReduceOp::Sum, &reduce);
-    let gx = mul(b, g, xhat)?;
+    let gx = b.mul(g, xhat)?;
     let sum_gx = b.reduce(gx, ReduceOp::Sum, &reduce);
     if mask[0] {
         let scale = match weight {
-            Some(w) => mul(b, w, invstd)?,
+            Some(w) => b.mul(w, invstd)?,
             None => invstd,
         };
         let scale = per_channel(b, scale, &dims);
         let gi = if train {
             // scale / n * (n g - sum(g) - xhat sum(g xhat))
             let n = b.constant(Literal::Int(count), cd, &dims);
-            let ng = mul(b, n, g)?;
+            let ng = b.mul(n, g)?;
             let sg = per_channel(b, sum_g, &dims);
             let sgx = per_channel(b, sum_gx, &dims);
-            let t = mul(b, xhat, sgx)?;
-            let d = sub(b, ng, sg)?;
-            let d = sub(b, d, t)?;
-            let sd = mul(b, scale, d)?;
+            let t = b.mul(xhat, sgx)?;
+            let d = b.sub(ng, sg)?;
+            let d = b.sub(d, t)?;
+            let sd = b.mul(scale, d)?;
             b.binary(BinaryOp::Div, sd, n)?
         } else {
-            mul(b, g, scale)?
+            b.mul(g, scale)?
         };
         let gi = b.convert(gi, dtype);
         b.output(gi)?;
@@ -377,25 +345,25 @@ fn group_geometry(b: &Builder, first: usize) -> Result<(i64, i64, i64, i64)> {
 /// native_group_norm(input, weight?, bias?, N, C, HxW, group, eps) ->
 /// (out, mean [N, G], rstd [N, G]).
 fn group_norm(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_arg(b, 0)?;
+    let (x, dtype, dims) = float_input(b, 0)?;
     let (n, c, hw, g) = group_geometry(b, 3)?;
-    let cd = compute_dtype(dtype);
+    let cd = accumulate_dtype(dtype);
     let x = b.convert(x, cd);
     let grouped = b.reshape(x, &[n, g, c / g * hw])?;
     let mean = mean_keep(b, grouped, &[2])?;
-    let centered = sub(b, grouped, mean)?;
-    let sq = mul(b, centered, centered)?;
+    let centered = b.sub(grouped, mean)?;
+    let sq = b.mul(centered, centered)?;
     let var = mean_keep(b, sq, &[2])?;
     let rstd = inv_std(b, var, 7)?;
-    let normed = mul(b, centered, rstd)?;
+    let normed = b.mul(centered, rstd)?;
     let mut y = b.reshape(normed, &[n, c, hw])?;
     if let Some(w) = optional(b, 1, cd, &[c])? {
         let w = b.broadcast_in_dim(w, &[n, c, hw], &[1]);
-        y = mul(b, y, w)?;
+        y = b.mul(y, w)?;
     }
     if let Some(bias) = optional(b, 2, cd, &[c])? {
         let bias = b.broadcast_in_dim(bias, &[n, c, hw], &[1]);
-        y = add(b, y, bias)?;
+        y = b.add(y, bias)?;
     }
     let y = b.reshape(y, &dims)?;
     let y = b.convert(y, dtype);
@@ -412,10 +380,10 @@ fn group_norm(b: &mut Builder) -> Result<()> {
 /// native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C,
 /// HxW, group, output_mask).
 fn group_norm_backward(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_arg(b, 1)?;
+    let (x, dtype, dims) = float_input(b, 1)?;
     let (n, c, hw, g) = group_geometry(b, 5)?;
     let mask = output_mask(b, 9)?;
-    let cd = compute_dtype(dtype);
+    let cd = accumulate_dtype(dtype);
     let d = c / g * hw;
     let gy = b.tensor(0)?;
     let gy = b.convert(gy, cd);
@@ -428,26 +396,26 @@ fn group_norm_backward(b: &mut Builder) -> Result<()> {
         optional(b, 3, cd, &[n, g])?.ok_or_else(|| b.arg_error(3, "the forward's rstd", "None"))?;
     let mean = b.broadcast_in_dim(mean, &[n, g, d], &[0, 1]);
     let rstd = b.broadcast_in_dim(rstd, &[n, g, d], &[0, 1]);
-    let centered = sub(b, xg, mean)?;
-    let xhat = mul(b, centered, rstd)?;
+    let centered = b.sub(xg, mean)?;
+    let xhat = b.mul(centered, rstd)?;
     let xhat_c = b.reshape(xhat, &[n, c, hw])?;
     let weight = optional(b, 4, cd, &[c])?;
     if mask[0] {
         let gw = match weight {
             Some(w) => {
                 let w = b.broadcast_in_dim(w, &[n, c, hw], &[1]);
-                mul(b, gy, w)?
+                b.mul(gy, w)?
             }
             None => gy,
         };
         let gw = b.reshape(gw, &[n, g, d])?;
         let a = mean_keep(b, gw, &[2])?;
-        let gx = mul(b, gw, xhat)?;
+        let gx = b.mul(gw, xhat)?;
         let m = mean_keep(b, gx, &[2])?;
-        let xm = mul(b, xhat, m)?;
-        let t = sub(b, gw, a)?;
-        let t = sub(b, t, xm)?;
-        let gi = mul(b, rstd, t)?;
+        let xm = b.mul(xhat, m)?;
+        let t = b.sub(gw, a)?;
+        let t = b.sub(t, xm)?;
+        let gi = b.mul(rstd, t)?;
         let gi = b.reshape(gi, &dims)?;
         let gi = b.convert(gi, dtype);
         b.output(gi)?;
@@ -457,7 +425,7 @@ fn group_norm_backward(b: &mut Builder) -> Result<()> {
     let param_dtype = b.opt_tensor_arg(4)?.map(|t| t.view.dtype).unwrap_or(dtype);
     for k in [1usize, 2] {
         if mask[k] {
-            let term = if k == 1 { mul(b, gy, xhat_c)? } else { gy };
+            let term = if k == 1 { b.mul(gy, xhat_c)? } else { gy };
             let s = b.reduce(term, ReduceOp::Sum, &[0, 2]);
             let s = b.convert(s, param_dtype);
             b.output(s)?;
@@ -468,61 +436,15 @@ fn group_norm_backward(b: &mut Builder) -> Result<()> {
     Ok(())
 }
 
-/// embedding_dense_backward(grad_output, indices, num_weights, padding_idx,
-/// scale_grad_by_freq): rows of grad scatter-added at their indices.
-fn embedding_dense_backward(b: &mut Builder) -> Result<()> {
-    let (g, dtype, gdims) = float_arg(b, 0)?;
-    let index_view = b.tensor_arg(1)?.view.clone();
-    let num_weights = b.int_arg(2)?;
-    let padding_idx = b.int_arg(3)?;
-    let scale_by_freq = b.bool_arg(4)?;
-    let d = *gdims
-        .last()
-        .ok_or_else(|| b.arg_error(0, "a gradient of rank >= 1", "a scalar"))?;
-    let n = index_view.numel() as i64;
-    let g = b.reshape(g, &[n, d])?;
-    let idx = b.tensor(1)?;
-    let idx = b.convert(idx, DType::I64);
-    let idx = b.reshape(idx, &[n])?;
-    let mut rows = g;
-    let pad = b.constant(Literal::Int(padding_idx), DType::I64, &[n]);
-    let not_pad = b.compare(crate::ir::CompareDir::Ne, idx, pad)?;
-    let zero = b.constant(Literal::Int(0), dtype, &[n]);
-    let one = b.constant(Literal::Int(1), dtype, &[n]);
-    let keep = b.select(not_pad, one, zero)?;
-    if scale_by_freq {
-        // Divide each row by how often its index occurs.
-        let counts = b.constant(Literal::Int(0), dtype, &[num_weights]);
-        let counts = b.flat_scatter_add(counts, idx, one);
-        let per_row = b.flat_gather(counts, idx);
-        let scale = b.binary(BinaryOp::Div, keep, per_row)?;
-        let scale = b.broadcast_in_dim(scale, &[n, d], &[0]);
-        rows = mul(b, rows, scale)?;
-    } else {
-        let keep = b.broadcast_in_dim(keep, &[n, d], &[0]);
-        rows = mul(b, rows, keep)?;
-    }
-    let row_index = b.broadcast_in_dim(idx, &[n, d], &[0]);
-    let width = b.constant(Literal::Int(d), DType::I64, &[n, d]);
-    let base = mul(b, row_index, width)?;
-    let col = b.iota(DType::I64, &[n, d], 1);
-    let flat_index = add(b, base, col)?;
-    let out = b.constant(Literal::Int(0), dtype, &[num_weights * d]);
-    let out = b.flat_scatter_add(out, flat_index, rows);
-    let out = b.reshape(out, &[num_weights, d])?;
-    b.output(out)
-}
-
 pub(super) fn ops() -> Vec<OpDef> {
     vec![
-        op("aten::native_layer_norm", layer_norm),
-        op("aten::native_layer_norm_backward", layer_norm_backward),
-        op("aten::native_batch_norm", batch_norm),
+        op!("aten::native_layer_norm", layer_norm()),
+        op!("aten::native_layer_norm_backward", layer_norm_backward()),
+        op!("aten::native_batch_norm", batch_norm()),
         // Same arguments as native_batch_norm (running stats required).
-        op("aten::_native_batch_norm_legit", batch_norm),
-        op("aten::native_batch_norm_backward", batch_norm_backward),
-        op("aten::embedding_dense_backward", embedding_dense_backward),
-        op("aten::native_group_norm", group_norm),
-        op("aten::native_group_norm_backward", group_norm_backward),
+        op!("aten::_native_batch_norm_legit", batch_norm()),
+        op!("aten::native_batch_norm_backward", batch_norm_backward()),
+        op!("aten::native_group_norm", group_norm()),
+        op!("aten::native_group_norm_backward", group_norm_backward()),
     ]
 }
