@@ -3,8 +3,8 @@
 //! soft/hard shrink, log-sigmoid, glu and prelu.
 
 use super::{
-    accumulate_dtype, broadcast_all, finish, float_input, operand_pair, result_type, wrap_dim,
-    Arith, Form, OpDef, Pass,
+    accumulate_dtype, broadcast_all, broadcast_scalar, finish, float_input, operand_pair,
+    result_type, wrap_dim, Arith, Form, OpDef, Pass,
 };
 use crate::dtype::DType;
 use crate::engine::{Arg, Builder};
@@ -22,6 +22,11 @@ struct Ew<'b, 'a> {
 impl Ew<'_, '_> {
     fn c(&mut self, v: f64) -> ValueId {
         self.b.constant(Literal::Float(v), self.dtype, &self.dims)
+    }
+    /// `x > 0`.
+    fn positive(&mut self, x: ValueId) -> Result<ValueId> {
+        let zero = self.c(0.0);
+        self.b.compare(CompareDir::Gt, x, zero)
     }
     fn scalar(&mut self, index: usize) -> Result<ValueId> {
         let s = self.b.scalar_arg(index, self.dtype)?;
@@ -229,8 +234,7 @@ fn elu(b: &mut Builder, form: Form) -> Result<()> {
     let (x, dtype, dims) = float_input(b, 0)?;
     let e = &mut Ew { b, dims, dtype };
     let (alpha, scale, input_scale) = (e.scalar(1)?, e.scalar(2)?, e.scalar(3)?);
-    let zero = e.c(0.0);
-    let pos = e.compare(CompareDir::Gt, x, zero)?;
+    let pos = e.positive(x)?;
     let sx = e.mul(input_scale, x)?;
     let em1 = e.unary(UnaryOp::Expm1, sx);
     let neg = e.mul(alpha, em1)?;
@@ -245,8 +249,7 @@ fn elu_backward(b: &mut Builder) -> Result<()> {
     let is_result = b.bool_arg(4)?;
     let e = &mut Ew { b, dims, dtype };
     let (alpha, scale, input_scale) = (e.scalar(1)?, e.scalar(2)?, e.scalar(3)?);
-    let zero = e.c(0.0);
-    let pos = e.compare(CompareDir::Gt, y, zero)?;
+    let pos = e.positive(y)?;
     let neg_grad = if is_result {
         // d/dx = input_scale (result + alpha scale)
         let a_s = e.mul(alpha, scale)?;
@@ -268,8 +271,7 @@ fn leaky_relu(b: &mut Builder, form: Form) -> Result<()> {
     let (x, dtype, dims) = float_input(b, 0)?;
     let e = &mut Ew { b, dims, dtype };
     let slope = e.scalar(1)?;
-    let zero = e.c(0.0);
-    let pos = e.compare(CompareDir::Gt, x, zero)?;
+    let pos = e.positive(x)?;
     let neg = e.mul(x, slope)?;
     let out = e.select(pos, x, neg)?;
     finish(b, form, out)
@@ -280,8 +282,7 @@ fn leaky_relu_backward(b: &mut Builder) -> Result<()> {
     let (g, x, dtype, dims) = grad_and_input(b, 0, 1)?;
     let e = &mut Ew { b, dims, dtype };
     let slope = e.scalar(2)?;
-    let zero = e.c(0.0);
-    let pos = e.compare(CompareDir::Gt, x, zero)?;
+    let pos = e.positive(x)?;
     let neg = e.mul(g, slope)?;
     let out = e.select(pos, g, neg)?;
     b.output(out)
@@ -360,10 +361,8 @@ fn output_backward(b: &mut Builder, tanh: bool) -> Result<()> {
 fn threshold(b: &mut Builder, form: Form) -> Result<()> {
     let x = b.tensor(0)?;
     let (dtype, dims) = (b.dtype(x), b.dims(x));
-    let t = b.scalar_arg(1, dtype)?;
-    let t = b.broadcast_to(t, &dims)?;
-    let v = b.scalar_arg(2, dtype)?;
-    let v = b.broadcast_to(v, &dims)?;
+    let t = broadcast_scalar(b, 1, dtype, &dims)?;
+    let v = broadcast_scalar(b, 2, dtype, &dims)?;
     let keep = b.compare(CompareDir::Gt, x, t)?;
     let out = b.select(keep, x, v)?;
     finish(b, form, out)
@@ -374,8 +373,7 @@ fn threshold_backward(b: &mut Builder) -> Result<()> {
     let dtype = result_type(b, &[0, 1])?;
     let (g, x) = operand_pair(b, (0, 1), dtype)?;
     let dims = b.dims(x);
-    let t = b.scalar_arg(2, dtype)?;
-    let t = b.broadcast_to(t, &dims)?;
+    let t = broadcast_scalar(b, 2, dtype, &dims)?;
     let keep = b.compare(CompareDir::Gt, x, t)?;
     let zero = b.constant(Literal::Int(0), dtype, &dims);
     let out = b.select(keep, g, zero)?;
@@ -385,11 +383,10 @@ fn threshold_backward(b: &mut Builder) -> Result<()> {
 /// softshrink / hardshrink (and their backwards with `grad` first).
 fn shrink(b: &mut Builder, soft: bool, pass: Pass) -> Result<()> {
     let backward = pass == Pass::Backward;
-    let xi = if backward { 1 } else { 0 };
+    let xi = pass.first_arg();
     let x = b.tensor(xi)?;
     let (dtype, dims) = (b.dtype(x), b.dims(x));
-    let l = b.scalar_arg(xi + 1, dtype)?;
-    let l = b.broadcast_to(l, &dims)?;
+    let l = broadcast_scalar(b, xi + 1, dtype, &dims)?;
     let nl = b.unary(UnaryOp::Neg, l);
     let above = b.compare(CompareDir::Gt, x, l)?;
     let below = b.compare(CompareDir::Lt, x, nl)?;
@@ -446,7 +443,7 @@ fn log_sigmoid_backward(b: &mut Builder) -> Result<()> {
 /// glu(self, dim) = a * sigmoid(b) of the two halves; backward(grad, self, dim).
 fn glu(b: &mut Builder, pass: Pass) -> Result<()> {
     let backward = pass == Pass::Backward;
-    let xi = if backward { 1 } else { 0 };
+    let xi = pass.first_arg();
     let x = b.tensor(xi)?;
     let dims = b.dims(x);
     let d = wrap_dim(b, b.int_arg(xi + 1)?, dims.len())?;

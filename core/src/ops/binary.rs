@@ -282,6 +282,19 @@ fn logical_binary(b: &mut Builder, op: BinaryOp, form: Form) -> Result<()> {
     finish(b, form, out)
 }
 
+/// Arguments 0, 1 and 2 as `dtype`, broadcast together, in float32 for
+/// 16-bit floats so that the result rounds once, as in ATen.
+fn three_operands(b: &mut Builder, dtype: DType) -> Result<[ValueId; 3]> {
+    let x = operand(b, 0, dtype)?;
+    let y = operand(b, 1, dtype)?;
+    let z = operand(b, 2, dtype)?;
+    let [x, y, z] = broadcast_all(b, &[x, y, z])?[..] else {
+        unreachable!("three values in, three out")
+    };
+    let acc = accumulate_dtype(dtype);
+    Ok([x, y, z].map(|v| b.convert(v, acc)))
+}
+
 /// `self + value * t1 * t2` (addcmul) or `self + value * t1 / t2` (addcdiv).
 fn addc(b: &mut Builder, divide: bool, form: Form) -> Result<()> {
     let dtype = result_type(b, &[0, 1, 2])?;
@@ -292,15 +305,8 @@ fn addc(b: &mut Builder, divide: bool, form: Form) -> Result<()> {
             dtype,
         ));
     }
-    let x = operand(b, 0, dtype)?;
-    let t1 = operand(b, 1, dtype)?;
-    let t2 = operand(b, 2, dtype)?;
-    let [x, t1, t2] = broadcast_all(b, &[x, t1, t2])?[..] else {
-        unreachable!("three values in, three out")
-    };
-    // One rounding for 16-bit floats: compute in float32, as ATen does.
-    let acc = accumulate_dtype(dtype);
-    let (x, t1, t2) = (b.convert(x, acc), b.convert(t1, acc), b.convert(t2, acc));
+    let [x, t1, t2] = three_operands(b, dtype)?;
+    let acc = b.dtype(x);
     let prod = b.binary(if divide { BinaryOp::Div } else { BinaryOp::Mul }, t1, t2)?;
     let scaled = if b.num_args() > 3 && !matches!(b.arg(3)?, Arg::Int(1)) {
         let v = b.scalar_arg(3, acc)?;
@@ -317,17 +323,10 @@ fn addc(b: &mut Builder, divide: bool, form: Form) -> Result<()> {
 /// lerp(self, end, weight) = self + weight * (end - self).
 fn lerp(b: &mut Builder, form: Form) -> Result<()> {
     let dtype = result_type(b, &[0, 1])?;
-    let x = operand(b, 0, dtype)?;
-    let e = operand(b, 1, dtype)?;
-    let w = operand(b, 2, dtype)?;
-    let [x, e, w] = broadcast_all(b, &[x, e, w])?[..] else {
-        unreachable!("three values in, three out")
-    };
-    // ATen's two-sided formula in float32 for 16-bit inputs: from self for
-    // weight < 0.5, from end otherwise (exact at both ends).
-    let acc = accumulate_dtype(dtype);
-    let (x, e, w) = (b.convert(x, acc), b.convert(e, acc), b.convert(w, acc));
-    let dims = b.dims(x);
+    // ATen's two-sided formula: from self for weight < 0.5, from end
+    // otherwise (exact at both ends).
+    let [x, e, w] = three_operands(b, dtype)?;
+    let (acc, dims) = (b.dtype(x), b.dims(x));
     let d = b.sub(e, x)?;
     let s = b.mul(w, d)?;
     let near_self = b.add(x, s)?;

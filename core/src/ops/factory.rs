@@ -1,7 +1,7 @@
 //! Factories and fills: arange, linspace, logspace and eye fill their
 //! `out=` tensor; fill_, zero_ and copy_ write into self.
 
-use super::{is_float, wide_float, Arith, OpDef};
+use super::{broadcast_scalar, is_float, wide_float, Arith, OpDef};
 use crate::dtype::DType;
 use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
@@ -36,10 +36,8 @@ fn arange(b: &mut Builder) -> Result<()> {
     };
     let work = if is_float(dtype) { dtype } else { DType::I64 };
     let i = b.iota(work, &[n], 0);
-    let st = b.scalar_arg(2, work)?;
-    let st = b.broadcast_to(st, &[n])?;
-    let s = b.scalar_arg(0, work)?;
-    let s = b.broadcast_to(s, &[n])?;
+    let st = broadcast_scalar(b, 2, work, &[n])?;
+    let s = broadcast_scalar(b, 0, work, &[n])?;
     let scaled = b.binary(BinaryOp::Mul, i, st)?;
     let out = b.binary(BinaryOp::Add, s, scaled)?;
     let out = b.convert(out, dtype);

@@ -41,7 +41,7 @@ pub(crate) fn host_values(t: &TensorArg) -> Result<Vec<i64>> {
     })
 }
 
-pub(super) fn row_major_strides(sizes: &[i64]) -> Vec<i64> {
+fn row_major_strides(sizes: &[i64]) -> Vec<i64> {
     let mut strides = vec![1i64; sizes.len()];
     for d in (0..sizes.len().saturating_sub(1)).rev() {
         strides[d] = strides[d + 1] * sizes[d + 1];
@@ -54,7 +54,7 @@ pub(super) fn bytes_of(values: &[i64]) -> Vec<u8> {
 }
 
 /// Multi-index iteration over `sizes` in row-major order.
-pub(super) fn for_each_index(sizes: &[i64], mut f: impl FnMut(&[i64])) {
+fn for_each_index(sizes: &[i64], mut f: impl FnMut(&[i64])) {
     if sizes.contains(&0) {
         return;
     }
@@ -77,7 +77,7 @@ pub(super) fn for_each_index(sizes: &[i64], mut f: impl FnMut(&[i64])) {
 }
 
 /// The element of `values` (of `shape`) seen at `index` of the broadcast shape.
-pub(super) fn broadcast_get(values: &[i64], shape: &[i64], index: &[i64]) -> i64 {
+fn broadcast_get(values: &[i64], shape: &[i64], index: &[i64]) -> i64 {
     let lead = index.len() - shape.len();
     let mut flat = 0i64;
     for (d, &s) in shape.iter().enumerate() {
@@ -399,23 +399,45 @@ fn take(b: &mut Builder) -> Result<()> {
     b.output(out)
 }
 
-/// masked_select(self, mask): the selected elements, 1-D (synchronises).
-fn masked_select(b: &mut Builder) -> Result<()> {
-    let view = b.tensor_arg(0)?.view.clone();
+/// The bool mask (argument 1) and the shape it and self (argument 0)
+/// broadcast to, which in place must be self's.
+pub(super) fn bool_mask(b: &Builder, form: Form) -> Result<(TensorArg, Vec<i64>)> {
+    let sizes = b.tensor_arg(0)?.view.sizes.clone();
     let mask = b.tensor_arg(1)?.clone();
     if mask.view.dtype != DType::Bool {
         return Err(b.arg_error(1, "a bool mask", mask.view.dtype));
     }
-    let shape = broadcast_shapes(b, &[view.sizes.clone(), mask.view.sizes.clone()])?;
-    let values = host_values(&mask)?;
-    let mut picked = Vec::new();
+    let shape = broadcast_shapes(b, &[sizes.clone(), mask.view.sizes.clone()])?;
+    if form == Form::InPlace && shape != sizes {
+        return Err(b.arg_error(
+            1,
+            format!("a mask broadcastable to {sizes:?}"),
+            format!("{:?}", mask.view.sizes),
+        ));
+    }
+    Ok((mask, shape))
+}
+
+/// The row-major positions in `shape` where `mask`, broadcast to it, is
+/// set (read on the host).
+pub(super) fn mask_positions(mask: &TensorArg, shape: &[i64]) -> Result<Vec<i64>> {
+    let values = host_values(mask)?;
+    let mut positions = Vec::new();
     let mut k = 0i64;
-    for_each_index(&shape, |idx| {
+    for_each_index(shape, |idx| {
         if broadcast_get(&values, &mask.view.sizes, idx) != 0 {
-            picked.push(k);
+            positions.push(k);
         }
         k += 1;
     });
+    Ok(positions)
+}
+
+/// masked_select(self, mask): the selected elements, 1-D (synchronises).
+fn masked_select(b: &mut Builder) -> Result<()> {
+    let view = b.tensor_arg(0)?.view.clone();
+    let (mask, shape) = bool_mask(b, Form::Functional)?;
+    let picked = mask_positions(&mask, &shape)?;
     let x = b.tensor(0)?;
     let x = b.broadcast_to(x, &shape)?;
     let total: i64 = shape.iter().product();

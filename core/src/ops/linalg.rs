@@ -2,8 +2,8 @@
 //! product, and vector norms.
 
 use super::{
-    accumulate_dtype, all_dims, binary_operands, finish, is_float, keep_dims, reduce_dims, reduced,
-    require_float, wrap_dim, wrap_dims, Arith, Form, OpDef,
+    accumulate_dtype, all_dims, binary_operands, broadcast_scalar, finish, is_float, keep_dims,
+    reduce_dims, reduced, require_float, wrap_dim, wrap_dims, Arith, Form, OpDef,
 };
 use crate::dtype::DType;
 use crate::engine::{Arg, Builder};
@@ -72,8 +72,7 @@ fn addmm(b: &mut Builder, form: Form) -> Result<()> {
     let mut out = matmul(b, x, y, (&[], &[]), (&[1], &[0]))?;
     let dims = b.dims(out);
     if b.num_args() > 4 && !matches!(b.arg(4)?, Arg::Int(1)) {
-        let alpha = b.scalar_arg(4, dtype)?;
-        let alpha = b.broadcast_to(alpha, &dims)?;
+        let alpha = broadcast_scalar(b, 4, dtype, &dims)?;
         out = b.binary(BinaryOp::Mul, out, alpha)?;
     }
     let beta_zero = b.num_args() > 3 && matches!(b.arg(3)?, Arg::Int(0) | Arg::Float(0.0));
@@ -82,8 +81,7 @@ fn addmm(b: &mut Builder, form: Form) -> Result<()> {
         let s = b.convert(s, dtype);
         let mut s = b.broadcast_to(s, &dims)?;
         if b.num_args() > 3 && !matches!(b.arg(3)?, Arg::Int(1)) {
-            let beta = b.scalar_arg(3, dtype)?;
-            let beta = b.broadcast_to(beta, &dims)?;
+            let beta = broadcast_scalar(b, 3, dtype, &dims)?;
             s = b.binary(BinaryOp::Mul, s, beta)?;
         }
         out = b.binary(BinaryOp::Add, s, out)?;
@@ -144,8 +142,7 @@ fn product(b: &mut Builder, kind: Product, form: Form) -> Result<()> {
     }
     let dims = b.dims(p);
     if !matches!(b.arg(4), Ok(Arg::Int(1)) | Err(_)) {
-        let alpha = b.scalar_arg(4, acc)?;
-        let alpha = b.broadcast_to(alpha, &dims)?;
+        let alpha = broadcast_scalar(b, 4, acc, &dims)?;
         p = b.mul(p, alpha)?;
     }
     if !matches!(b.arg(3), Ok(Arg::Int(0)) | Ok(Arg::Float(0.0))) {
@@ -153,8 +150,7 @@ fn product(b: &mut Builder, kind: Product, form: Form) -> Result<()> {
         let s = b.convert(s, acc);
         let mut s = b.broadcast_to(s, &dims)?;
         if !matches!(b.arg(3), Ok(Arg::Int(1)) | Err(_)) {
-            let beta = b.scalar_arg(3, acc)?;
-            let beta = b.broadcast_to(beta, &dims)?;
+            let beta = broadcast_scalar(b, 3, acc, &dims)?;
             s = b.mul(s, beta)?;
         }
         p = b.add(s, p)?;

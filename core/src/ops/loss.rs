@@ -250,7 +250,7 @@ fn mse_loss_backward(b: &mut Builder) -> Result<()> {
 /// reduction, param) and backward (grad, self, target, reduction, param).
 fn smooth_loss(b: &mut Builder, huber: bool, pass: Pass) -> Result<()> {
     let backward = pass == Pass::Backward;
-    let first = if backward { 1 } else { 0 };
+    let first = pass.first_arg();
     let dtype = result_type(b, &[first, first + 1])?;
     let (x, t) = operand_pair(b, (first, first + 1), dtype)?;
     let reduction = b.int_arg(first + 2)?;
@@ -303,7 +303,7 @@ fn smooth_loss(b: &mut Builder, huber: bool, pass: Pass) -> Result<()> {
 /// at -100, and its backward (grad, self, target, weight?, reduction).
 fn bce(b: &mut Builder, pass: Pass) -> Result<()> {
     let backward = pass == Pass::Backward;
-    let first = if backward { 1 } else { 0 };
+    let first = pass.first_arg();
     let x = b.tensor(first)?;
     let dtype = b.dtype(x);
     let dims = b.dims(x);

@@ -163,6 +163,16 @@ pub(crate) enum Pass {
     Backward,
 }
 
+impl Pass {
+    /// Where the forward's arguments start: after the backward's gradient.
+    pub(crate) fn first_arg(self) -> usize {
+        match self {
+            Pass::Forward => 0,
+            Pass::Backward => 1,
+        }
+    }
+}
+
 /// Where a lowered result goes: a new tensor, or argument 0 in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Form {
@@ -572,6 +582,45 @@ pub(crate) fn reduced(
 ) -> Result<ValueId> {
     let out = b.reduce(x, op, dims);
     keep_dims(b, out, sizes, dims, keepdim)
+}
+
+/// Scalar argument `index` as `dtype`, broadcast to `dims`.
+pub(crate) fn broadcast_scalar(
+    b: &mut Builder,
+    index: usize,
+    dtype: DType,
+    dims: &[i64],
+) -> Result<ValueId> {
+    let v = b.scalar_arg(index, dtype)?;
+    b.broadcast_to(v, dims)
+}
+
+/// Errors when the dim an op picks from (of `size`) is empty.
+pub(crate) fn require_nonempty_dim(b: &Builder, size: i64, sizes: &[i64]) -> Result<()> {
+    if size == 0 {
+        return Err(Error::invalid(
+            format!("{}: input", b.op_name()),
+            "a non-empty dimension",
+            format!("sizes {sizes:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Outputs `value(b)` when `wanted` (a backward's output_mask entry), an
+/// undefined tensor otherwise.
+pub(crate) fn output_if(
+    b: &mut Builder,
+    wanted: bool,
+    value: impl FnOnce(&mut Builder) -> Result<ValueId>,
+) -> Result<()> {
+    if wanted {
+        let v = value(b)?;
+        b.output(v)
+    } else {
+        b.none_output();
+        Ok(())
+    }
 }
 
 /// Elementwise arithmetic on same-shaped values, for lowerings that read

@@ -1,7 +1,7 @@
 //! Normalisation: layer, batch and group norm, with backwards. Statistics
 //! are computed in float32 for 16-bit inputs, as ATen does.
 
-use super::{accumulate_dtype, float_input, Arith, OpDef};
+use super::{accumulate_dtype, broadcast_scalar, float_input, output_if, Arith, OpDef};
 use crate::dtype::DType;
 use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
@@ -15,6 +15,18 @@ fn optional(b: &mut Builder, index: usize, dtype: DType, dims: &[i64]) -> Result
     let v = b.tensor(index)?;
     let v = b.convert(v, dtype);
     Ok(Some(b.reshape(v, dims)?))
+}
+
+/// Tensor argument `index`, which must be present (`what` says why), as
+/// `optional` reads it.
+fn required(
+    b: &mut Builder,
+    index: usize,
+    dtype: DType,
+    dims: &[i64],
+    what: &str,
+) -> Result<ValueId> {
+    optional(b, index, dtype, dims)?.ok_or_else(|| b.arg_error(index, what, "None"))
 }
 
 /// `output_mask` (bool[3]) at `index`; absent means all.
@@ -37,6 +49,38 @@ fn mean_keep(b: &mut Builder, x: ValueId, dims: &[i64]) -> Result<ValueId> {
         .filter(|d| !dims.contains(d))
         .collect();
     Ok(b.broadcast_in_dim(m, &shape, &keep))
+}
+
+/// The mean of `x` over `axis` and `rstd` (with eps at `eps_index`), both
+/// kept broadcastable, and `x - mean`.
+fn moments(
+    b: &mut Builder,
+    x: ValueId,
+    axis: i64,
+    eps_index: usize,
+) -> Result<(ValueId, ValueId, ValueId)> {
+    let mean = mean_keep(b, x, &[axis])?;
+    let centered = b.sub(x, mean)?;
+    let sq = b.mul(centered, centered)?;
+    let var = mean_keep(b, sq, &[axis])?;
+    let rstd = inv_std(b, var, eps_index)?;
+    Ok((mean, centered, rstd))
+}
+
+/// `y * weight + bias` for the optional weight and bias (arguments `first`
+/// and `first + 1`, of `size` elements) along dim 1 of `y`, in y's dtype.
+fn affine(b: &mut Builder, y: ValueId, first: usize, size: i64) -> Result<ValueId> {
+    let (dtype, dims) = (b.dtype(y), b.dims(y));
+    let mut y = y;
+    if let Some(w) = optional(b, first, dtype, &[size])? {
+        let w = b.broadcast_in_dim(w, &dims, &[1]);
+        y = b.mul(y, w)?;
+    }
+    if let Some(bias) = optional(b, first + 1, dtype, &[size])? {
+        let bias = b.broadcast_in_dim(bias, &dims, &[1]);
+        y = b.add(y, bias)?;
+    }
+    Ok(y)
 }
 
 /// 1 / sqrt(var + eps), with eps a device input.
@@ -67,20 +111,9 @@ fn layer_norm(b: &mut Builder) -> Result<()> {
     let n: i64 = normalized.iter().product();
     let x = b.convert(x, cd);
     let x = b.reshape(x, &[m, n])?;
-    let mean = mean_keep(b, x, &[1])?;
-    let centered = b.sub(x, mean)?;
-    let sq = b.mul(centered, centered)?;
-    let var = mean_keep(b, sq, &[1])?;
-    let rstd = inv_std(b, var, 4)?;
-    let mut y = b.mul(centered, rstd)?;
-    if let Some(w) = optional(b, 2, cd, &[n])? {
-        let w = b.broadcast_in_dim(w, &[m, n], &[1]);
-        y = b.mul(y, w)?;
-    }
-    if let Some(bias) = optional(b, 3, cd, &[n])? {
-        let bias = b.broadcast_in_dim(bias, &[m, n], &[1]);
-        y = b.add(y, bias)?;
-    }
+    let (mean, centered, rstd) = moments(b, x, 1, 4)?;
+    let y = b.mul(centered, rstd)?;
+    let y = affine(b, y, 2, n)?;
     let y = b.reshape(y, &dims)?;
     let y = b.convert(y, dtype);
     b.output(y)?;
@@ -115,16 +148,9 @@ fn layer_norm_backward(b: &mut Builder) -> Result<()> {
     let g = b.reshape(g, &[m, n])?;
     let x = b.convert(x, cd);
     let x = b.reshape(x, &[m, n])?;
-    let mean =
-        optional(b, 3, cd, &[m])?.ok_or_else(|| b.arg_error(3, "the forward's mean", "None"))?;
-    let rstd =
-        optional(b, 4, cd, &[m])?.ok_or_else(|| b.arg_error(4, "the forward's rstd", "None"))?;
-    let mean = b.broadcast_in_dim(mean, &[m, n], &[0]);
-    let rstd = b.broadcast_in_dim(rstd, &[m, n], &[0]);
-    let centered = b.sub(x, mean)?;
-    let xhat = b.mul(centered, rstd)?;
+    let (xhat, rstd) = saved_xhat(b, x, 3, cd, &[m], &[0])?;
     let weight = optional(b, 5, cd, &[n])?;
-    if mask[0] {
+    output_if(b, mask[0], |b| {
         let gw = match weight {
             Some(w) => {
                 let w = b.broadcast_in_dim(w, &[m, n], &[1]);
@@ -132,19 +158,10 @@ fn layer_norm_backward(b: &mut Builder) -> Result<()> {
             }
             None => g,
         };
-        let a = mean_keep(b, gw, &[1])?;
-        let gx = b.mul(gw, xhat)?;
-        let c = mean_keep(b, gx, &[1])?;
-        let xc = b.mul(xhat, c)?;
-        let d = b.sub(gw, a)?;
-        let d = b.sub(d, xc)?;
-        let gi = b.mul(rstd, d)?;
+        let gi = normalized_input_grad(b, gw, xhat, rstd, 1)?;
         let gi = b.reshape(gi, &dims)?;
-        let gi = b.convert(gi, dtype);
-        b.output(gi)?;
-    } else {
-        b.none_output();
-    }
+        Ok(b.convert(gi, dtype))
+    })?;
     for (k, param) in [(1usize, 5usize), (2, 6)] {
         let present = b.opt_tensor_arg(param)?.map(|t| t.view.clone());
         match present {
@@ -159,6 +176,45 @@ fn layer_norm_backward(b: &mut Builder) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// xhat = (x - mean) rstd from the forward's saved mean and rstd
+/// (arguments `stats` and `stats + 1`, of `stat_dims`, broadcast along
+/// `keep` to x's dims); returns xhat and the broadcast rstd.
+fn saved_xhat(
+    b: &mut Builder,
+    x: ValueId,
+    stats: usize,
+    cd: DType,
+    stat_dims: &[i64],
+    keep: &[i64],
+) -> Result<(ValueId, ValueId)> {
+    let dims = b.dims(x);
+    let mean = required(b, stats, cd, stat_dims, "the forward's mean")?;
+    let rstd = required(b, stats + 1, cd, stat_dims, "the forward's rstd")?;
+    let mean = b.broadcast_in_dim(mean, &dims, keep);
+    let rstd = b.broadcast_in_dim(rstd, &dims, keep);
+    let centered = b.sub(x, mean)?;
+    let xhat = b.mul(centered, rstd)?;
+    Ok((xhat, rstd))
+}
+
+/// rstd (gw - mean(gw) - xhat mean(gw xhat)), means over `axis`: the input
+/// gradient of a normalisation, with `gw` the weight-scaled gradient.
+fn normalized_input_grad(
+    b: &mut Builder,
+    gw: ValueId,
+    xhat: ValueId,
+    rstd: ValueId,
+    axis: i64,
+) -> Result<ValueId> {
+    let a = mean_keep(b, gw, &[axis])?;
+    let gx = b.mul(gw, xhat)?;
+    let c = mean_keep(b, gx, &[axis])?;
+    let xc = b.mul(xhat, c)?;
+    let d = b.sub(gw, a)?;
+    let d = b.sub(d, xc)?;
+    b.mul(rstd, d)
 }
 
 /// Dims reduced by batch norm: all but the channel dim 1.
@@ -208,8 +264,7 @@ fn batch_norm(b: &mut Builder) -> Result<()> {
                 let t = t.clone();
                 let old = b.read(&t)?;
                 let old = b.convert(old, cd);
-                let momentum = b.scalar_arg(6, cd)?;
-                let momentum = b.broadcast_to(momentum, &[c])?;
+                let momentum = broadcast_scalar(b, 6, cd, &[c])?;
                 let one = b.constant(Literal::Int(1), cd, &[c]);
                 let keep = b.sub(one, momentum)?;
                 let kept = b.mul(keep, old)?;
@@ -220,25 +275,16 @@ fn batch_norm(b: &mut Builder) -> Result<()> {
         }
         (mean, invstd)
     } else {
-        let rm = optional(b, 3, cd, &[c])?
-            .ok_or_else(|| b.arg_error(3, "running_mean in eval mode", "None"))?;
-        let rv = optional(b, 4, cd, &[c])?
-            .ok_or_else(|| b.arg_error(4, "running_var in eval mode", "None"))?;
+        let rm = required(b, 3, cd, &[c], "running_mean in eval mode")?;
+        let rv = required(b, 4, cd, &[c], "running_var in eval mode")?;
         let invstd = inv_std(b, rv, 7)?;
         (rm, invstd)
     };
     let mb = per_channel(b, mean_c, &dims);
     let ib = per_channel(b, invstd_c, &dims);
     let centered = b.sub(xc, mb)?;
-    let mut y = b.mul(centered, ib)?;
-    if let Some(w) = optional(b, 1, cd, &[c])? {
-        let w = per_channel(b, w, &dims);
-        y = b.mul(y, w)?;
-    }
-    if let Some(bias) = optional(b, 2, cd, &[c])? {
-        let bias = per_channel(b, bias, &dims);
-        y = b.add(y, bias)?;
-    }
+    let y = b.mul(centered, ib)?;
+    let y = affine(b, y, 1, c)?;
     let y = b.convert(y, dtype);
     b.output(y)?;
     if training {
@@ -267,16 +313,12 @@ fn batch_norm_backward(b: &mut Builder) -> Result<()> {
     let g = b.convert(g, cd);
     let xc = b.convert(x, cd);
     let (mean, invstd) = if train {
-        let m = optional(b, 5, cd, &[c])?
-            .ok_or_else(|| b.arg_error(5, "save_mean in training", "None"))?;
-        let i = optional(b, 6, cd, &[c])?
-            .ok_or_else(|| b.arg_error(6, "save_invstd in training", "None"))?;
+        let m = required(b, 5, cd, &[c], "save_mean in training")?;
+        let i = required(b, 6, cd, &[c], "save_invstd in training")?;
         (m, i)
     } else {
-        let m = optional(b, 3, cd, &[c])?
-            .ok_or_else(|| b.arg_error(3, "running_mean in eval", "None"))?;
-        let v = optional(b, 4, cd, &[c])?
-            .ok_or_else(|| b.arg_error(4, "running_var in eval", "None"))?;
+        let m = required(b, 3, cd, &[c], "running_mean in eval")?;
+        let v = required(b, 4, cd, &[c], "running_var in eval")?;
         (m, inv_std(b, v, 8)?)
     };
     let mb = per_channel(b, mean, &dims);
@@ -287,7 +329,7 @@ fn batch_norm_backward(b: &mut Builder) -> Result<()> {
     let sum_g = b.reduce(g, ReduceOp::Sum, &reduce);
     let gx = b.mul(g, xhat)?;
     let sum_gx = b.reduce(gx, ReduceOp::Sum, &reduce);
-    if mask[0] {
+    output_if(b, mask[0], |b| {
         let scale = match weight {
             Some(w) => b.mul(w, invstd)?,
             None => invstd,
@@ -307,19 +349,11 @@ fn batch_norm_backward(b: &mut Builder) -> Result<()> {
         } else {
             b.mul(g, scale)?
         };
-        let gi = b.convert(gi, dtype);
-        b.output(gi)?;
-    } else {
-        b.none_output();
-    }
+        Ok(b.convert(gi, dtype))
+    })?;
     let weight_dtype = b.opt_tensor_arg(2)?.map(|t| t.view.dtype).unwrap_or(dtype);
     for (k, value) in [(1usize, sum_gx), (2, sum_g)] {
-        if mask[k] {
-            let v = b.convert(value, weight_dtype);
-            b.output(v)?;
-        } else {
-            b.none_output();
-        }
+        output_if(b, mask[k], |b| Ok(b.convert(value, weight_dtype)))?;
     }
     Ok(())
 }
@@ -350,21 +384,10 @@ fn group_norm(b: &mut Builder) -> Result<()> {
     let cd = accumulate_dtype(dtype);
     let x = b.convert(x, cd);
     let grouped = b.reshape(x, &[n, g, c / g * hw])?;
-    let mean = mean_keep(b, grouped, &[2])?;
-    let centered = b.sub(grouped, mean)?;
-    let sq = b.mul(centered, centered)?;
-    let var = mean_keep(b, sq, &[2])?;
-    let rstd = inv_std(b, var, 7)?;
+    let (mean, centered, rstd) = moments(b, grouped, 2, 7)?;
     let normed = b.mul(centered, rstd)?;
-    let mut y = b.reshape(normed, &[n, c, hw])?;
-    if let Some(w) = optional(b, 1, cd, &[c])? {
-        let w = b.broadcast_in_dim(w, &[n, c, hw], &[1]);
-        y = b.mul(y, w)?;
-    }
-    if let Some(bias) = optional(b, 2, cd, &[c])? {
-        let bias = b.broadcast_in_dim(bias, &[n, c, hw], &[1]);
-        y = b.add(y, bias)?;
-    }
+    let y = b.reshape(normed, &[n, c, hw])?;
+    let y = affine(b, y, 1, c)?;
     let y = b.reshape(y, &dims)?;
     let y = b.convert(y, dtype);
     b.output(y)?;
@@ -390,17 +413,10 @@ fn group_norm_backward(b: &mut Builder) -> Result<()> {
     let gy = b.reshape(gy, &[n, c, hw])?;
     let x = b.convert(x, cd);
     let xg = b.reshape(x, &[n, g, d])?;
-    let mean =
-        optional(b, 2, cd, &[n, g])?.ok_or_else(|| b.arg_error(2, "the forward's mean", "None"))?;
-    let rstd =
-        optional(b, 3, cd, &[n, g])?.ok_or_else(|| b.arg_error(3, "the forward's rstd", "None"))?;
-    let mean = b.broadcast_in_dim(mean, &[n, g, d], &[0, 1]);
-    let rstd = b.broadcast_in_dim(rstd, &[n, g, d], &[0, 1]);
-    let centered = b.sub(xg, mean)?;
-    let xhat = b.mul(centered, rstd)?;
+    let (xhat, rstd) = saved_xhat(b, xg, 2, cd, &[n, g], &[0, 1])?;
     let xhat_c = b.reshape(xhat, &[n, c, hw])?;
     let weight = optional(b, 4, cd, &[c])?;
-    if mask[0] {
+    output_if(b, mask[0], |b| {
         let gw = match weight {
             Some(w) => {
                 let w = b.broadcast_in_dim(w, &[n, c, hw], &[1]);
@@ -409,29 +425,17 @@ fn group_norm_backward(b: &mut Builder) -> Result<()> {
             None => gy,
         };
         let gw = b.reshape(gw, &[n, g, d])?;
-        let a = mean_keep(b, gw, &[2])?;
-        let gx = b.mul(gw, xhat)?;
-        let m = mean_keep(b, gx, &[2])?;
-        let xm = b.mul(xhat, m)?;
-        let t = b.sub(gw, a)?;
-        let t = b.sub(t, xm)?;
-        let gi = b.mul(rstd, t)?;
+        let gi = normalized_input_grad(b, gw, xhat, rstd, 2)?;
         let gi = b.reshape(gi, &dims)?;
-        let gi = b.convert(gi, dtype);
-        b.output(gi)?;
-    } else {
-        b.none_output();
-    }
+        Ok(b.convert(gi, dtype))
+    })?;
     let param_dtype = b.opt_tensor_arg(4)?.map(|t| t.view.dtype).unwrap_or(dtype);
     for k in [1usize, 2] {
-        if mask[k] {
+        output_if(b, mask[k], |b| {
             let term = if k == 1 { b.mul(gy, xhat_c)? } else { gy };
             let s = b.reduce(term, ReduceOp::Sum, &[0, 2]);
-            let s = b.convert(s, param_dtype);
-            b.output(s)?;
-        } else {
-            b.none_output();
-        }
+            Ok(b.convert(s, param_dtype))
+        })?;
     }
     Ok(())
 }

@@ -51,6 +51,18 @@ fn output_size(input: i64, k: i64, s: i64, p: i64, d: i64, ceil: bool) -> i64 {
     out
 }
 
+/// `output_size` for both spatial dims.
+fn output_sizes(
+    input: [i64; 2],
+    k: [i64; 2],
+    s: [i64; 2],
+    p: [i64; 2],
+    d: [i64; 2],
+    ceil: bool,
+) -> [i64; 2] {
+    [0, 1].map(|i| output_size(input[i], k[i], s[i], p[i], d[i], ceil))
+}
+
 /// Reads pooling arguments: input at 0, kernel at 1, stride at 2, padding
 /// at 3, dilation at `dilation` (if any), ceil_mode at `ceil`.
 fn pool_geometry(b: &Builder, dilation: Option<usize>, ceil: usize) -> Result<Pool> {
@@ -84,10 +96,7 @@ fn pool_geometry(b: &Builder, dilation: Option<usize>, ceil: usize) -> Result<Po
             format!("kernel {k:?} stride {s:?} padding {p:?} dilation {d:?}"),
         ));
     }
-    let out = [
-        output_size(h, k[0], s[0], p[0], d[0], ceil_mode),
-        output_size(w, k[1], s[1], p[1], d[1], ceil_mode),
-    ];
+    let out = output_sizes([h, w], k, s, p, d, ceil_mode);
     if out[0] < 1 || out[1] < 1 {
         return Err(Error::invalid(
             format!("{}: output size", b.op_name()),
@@ -332,10 +341,7 @@ fn avg_pool_backward(b: &mut Builder) -> Result<()> {
     let s = pair(b, 3, Some(k))?;
     let p = pair(b, 4, Some([0, 0]))?;
     let ceil_mode = b.bool_arg(5)?;
-    let out = [
-        output_size(h, k[0], s[0], p[0], 1, ceil_mode),
-        output_size(w, k[1], s[1], p[1], 1, ceil_mode),
-    ];
+    let out = output_sizes([h, w], k, s, p, [1, 1], ceil_mode);
     let g = Pool {
         planes,
         h,
@@ -456,10 +462,7 @@ fn patch_geometry(b: &Builder, sizes: &[i64], first: usize) -> Result<(Pool, i64
     let p = pair(b, first + 2, Some([0, 0]))?;
     let s = pair(b, first + 3, Some([1, 1]))?;
     let (h, w) = (sizes[r - 2], sizes[r - 1]);
-    let out = [
-        output_size(h, k[0], s[0], p[0], d[0], false),
-        output_size(w, k[1], s[1], p[1], d[1], false),
-    ];
+    let out = output_sizes([h, w], k, s, p, d, false);
     if out[0] < 1 || out[1] < 1 {
         return Err(Error::invalid(
             format!("{}: geometry", b.op_name()),

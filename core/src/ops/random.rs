@@ -3,7 +3,7 @@
 //! bernoulli, exponential, geometric, log-normal, Cauchy; and dropout's
 //! backward.
 
-use super::{is_float, require_float, wide_float, OpDef};
+use super::{broadcast_scalar, is_float, require_float, wide_float, OpDef};
 use crate::dtype::DType;
 use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
@@ -101,10 +101,8 @@ fn uniform(b: &mut Builder) -> Result<()> {
     }
     let work = wide_float(dtype);
     let u = uniform01(b, 3, dtype, &dims)?;
-    let lo = b.scalar_arg(1, work)?;
-    let lo = b.broadcast_to(lo, &dims)?;
-    let hi = b.scalar_arg(2, work)?;
-    let hi = b.broadcast_to(hi, &dims)?;
+    let lo = broadcast_scalar(b, 1, work, &dims)?;
+    let hi = broadcast_scalar(b, 2, work, &dims)?;
     let width = b.binary(BinaryOp::Sub, hi, lo)?;
     let scaled = b.binary(BinaryOp::Mul, u, width)?;
     let out = b.binary(BinaryOp::Add, lo, scaled)?;
@@ -125,10 +123,8 @@ fn normal(b: &mut Builder) -> Result<()> {
     let u1 = uniform01(b, 3, dtype, &dims)?;
     let u2 = uniform01_second(b, 3, dtype, &dims)?;
     let z = box_muller(b, u1, u2)?;
-    let std = b.scalar_arg(2, work)?;
-    let std = b.broadcast_to(std, &dims)?;
-    let mean = b.scalar_arg(1, work)?;
-    let mean = b.broadcast_to(mean, &dims)?;
+    let std = broadcast_scalar(b, 2, work, &dims)?;
+    let mean = broadcast_scalar(b, 1, work, &dims)?;
     let scaled = b.binary(BinaryOp::Mul, z, std)?;
     let out = b.binary(BinaryOp::Add, mean, scaled)?;
     b.write_arg(0, out)
@@ -233,8 +229,7 @@ fn dropout_backward(b: &mut Builder) -> Result<()> {
     let m = b.tensor(1)?;
     let m = b.convert(m, dtype);
     let m = b.broadcast_to(m, &dims)?;
-    let s = b.scalar_arg(2, dtype)?;
-    let s = b.broadcast_to(s, &dims)?;
+    let s = broadcast_scalar(b, 2, dtype, &dims)?;
     let gm = b.binary(BinaryOp::Mul, g, m)?;
     let out = b.binary(BinaryOp::Mul, gm, s)?;
     b.output(out)
@@ -263,8 +258,7 @@ fn random_fill(b: &mut Builder, kind: Fill) -> Result<()> {
     let dims = view.sizes.clone();
     let u = uniform01(b, generator, work, &dims)?;
     let one = b.constant(Literal::Float(1.0), work, &dims);
-    let p1 = b.scalar_arg(1, work)?;
-    let p1 = b.broadcast_to(p1, &dims)?;
+    let p1 = broadcast_scalar(b, 1, work, &dims)?;
     let out = match kind {
         Fill::Exponential => {
             // -log(1 - u) / lambda, with 1 - u in (0, 1].
@@ -286,8 +280,7 @@ fn random_fill(b: &mut Builder, kind: Fill) -> Result<()> {
         Fill::LogNormal => {
             let u2 = uniform01_second(b, generator, work, &dims)?;
             let z = box_muller(b, u, u2)?;
-            let p2 = b.scalar_arg(2, work)?;
-            let p2 = b.broadcast_to(p2, &dims)?;
+            let p2 = broadcast_scalar(b, 2, work, &dims)?;
             let sz = b.binary(BinaryOp::Mul, z, p2)?;
             let e = b.binary(BinaryOp::Add, sz, p1)?;
             b.unary(UnaryOp::Exp, e)
@@ -299,8 +292,7 @@ fn random_fill(b: &mut Builder, kind: Fill) -> Result<()> {
             let pi = b.constant(Literal::Float(std::f64::consts::PI), work, &dims);
             let a = b.binary(BinaryOp::Mul, pi, c)?;
             let t = b.unary(UnaryOp::Tan, a);
-            let p2 = b.scalar_arg(2, work)?;
-            let p2 = b.broadcast_to(p2, &dims)?;
+            let p2 = broadcast_scalar(b, 2, work, &dims)?;
             let st = b.binary(BinaryOp::Mul, p2, t)?;
             b.binary(BinaryOp::Add, p1, st)?
         }

@@ -4,8 +4,8 @@
 
 use super::{
     accumulate_dtype, all_dims, at_least_1d, finish, is_float, is_integral, keep_dims,
-    keepdim_shape, reduce_dims, reduced, reduced_shape, require_float, wrap_dim, wrap_dims, Arith,
-    Form, OpDef,
+    keepdim_shape, reduce_dims, reduced, reduced_shape, require_float, require_nonempty_dim,
+    wrap_dim, wrap_dims, Arith, Form, OpDef,
 };
 use crate::dtype::DType;
 use crate::engine::{Arg, Builder};
@@ -92,13 +92,7 @@ fn arg_extreme(b: &mut Builder, op: ReduceOp) -> Result<()> {
             (0, vec![n])
         }
     };
-    if dims.get(d).copied().unwrap_or(1) == 0 {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a non-empty dimension",
-            format!("sizes {:?}", input.sizes),
-        ));
-    }
+    require_nonempty_dim(b, dims.get(d).copied().unwrap_or(1), &input.sizes)?;
     let work_dims = at_least_1d(&dims);
     x = b.reshape(x, &work_dims)?;
     let (_, mut out) = extreme_and_index(b, x, op, d)?;
@@ -277,13 +271,7 @@ fn extreme_dim(b: &mut Builder, op: ReduceOp) -> Result<()> {
     let d = wrap_dim(b, b.int_arg(1)?, view.sizes.len())?;
     let keepdim = b.bool_arg(2)?;
     let work = at_least_1d(&view.sizes);
-    if work[d] == 0 {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a non-empty dimension",
-            format!("sizes {:?}", view.sizes),
-        ));
-    }
+    require_nonempty_dim(b, work[d], &view.sizes)?;
     let x = b.tensor(0)?;
     let x = b.reshape(x, &work)?;
     let (values, index) = extreme_and_index(b, x, op, d)?;

@@ -2,10 +2,10 @@
 //! masked_fill and masked_scatter, and the embedding backward.
 
 use super::index::{
-    broadcast_get, bytes_of, flat_positions, for_each_index, host_values, wrapped_indices,
+    bool_mask, bytes_of, flat_positions, host_values, mask_positions, wrapped_indices,
 };
 use super::{
-    at_least_1d, broadcast_shapes, finish, float_input, is_float, wrap_dim, Arith, Form, OpDef,
+    at_least_1d, broadcast_scalar, finish, float_input, is_float, wrap_dim, Arith, Form, OpDef,
 };
 use crate::dtype::DType;
 use crate::engine::{Arg, Builder};
@@ -204,27 +204,8 @@ pub(super) fn reduce_into(
 /// order, where mask is set (synchronises to read the mask).
 fn masked_scatter(b: &mut Builder, form: Form) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
-    let mask = b.tensor_arg(1)?.clone();
-    if mask.view.dtype != DType::Bool {
-        return Err(b.arg_error(1, "a bool mask", mask.view.dtype));
-    }
-    let shape = broadcast_shapes(b, &[view.sizes.clone(), mask.view.sizes.clone()])?;
-    if form == Form::InPlace && shape != view.sizes {
-        return Err(b.arg_error(
-            1,
-            format!("a mask broadcastable to {:?}", view.sizes),
-            format!("{:?}", mask.view.sizes),
-        ));
-    }
-    let values = host_values(&mask)?;
-    let mut positions = Vec::new();
-    let mut k = 0i64;
-    for_each_index(&shape, |idx| {
-        if broadcast_get(&values, &mask.view.sizes, idx) != 0 {
-            positions.push(k);
-        }
-        k += 1;
-    });
+    let (mask, shape) = bool_mask(b, form)?;
+    let positions = mask_positions(&mask, &shape)?;
     let source_numel = b.tensor_arg(2)?.view.numel() as i64;
     let count = positions.len() as i64;
     if count > source_numel {
@@ -251,10 +232,7 @@ fn masked_scatter(b: &mut Builder, form: Form) -> Result<()> {
 /// masked_fill(self, mask, value): value where mask, else self.
 fn masked_fill(b: &mut Builder, form: Form) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
-    let mask_dtype = b.tensor_arg(1)?.view.dtype;
-    if mask_dtype != DType::Bool {
-        return Err(b.arg_error(1, "a bool mask", mask_dtype));
-    }
+    let (_, shape) = bool_mask(b, form)?;
     let x = b.tensor(0)?;
     let m = b.tensor(1)?;
     let v = if b.is_scalar(2) {
@@ -267,14 +245,6 @@ fn masked_fill(b: &mut Builder, form: Form) -> Result<()> {
         let v = b.tensor(2)?;
         b.convert(v, view.dtype)
     };
-    let shape = broadcast_shapes(b, &[view.sizes.clone(), b.dims(m)])?;
-    if form == Form::InPlace && shape != view.sizes {
-        return Err(b.arg_error(
-            1,
-            format!("a mask broadcastable to {:?}", view.sizes),
-            format!("{:?}", b.dims(m)),
-        ));
-    }
     let x = b.broadcast_to(x, &shape)?;
     let m = b.broadcast_to(m, &shape)?;
     let v = b.broadcast_to(v, &shape)?;
@@ -333,8 +303,7 @@ fn index_along(b: &mut Builder, kind: Along, form: Form) -> Result<()> {
             let s = b.convert(s, view.dtype);
             let s = b.reshape(s, &upd_dims)?;
             if kind == Along::Add && !matches!(b.arg(4), Ok(Arg::Int(1)) | Err(_)) {
-                let alpha = b.scalar_arg(4, view.dtype)?;
-                let alpha = b.broadcast_to(alpha, &upd_dims)?;
+                let alpha = broadcast_scalar(b, 4, view.dtype, &upd_dims)?;
                 b.mul(s, alpha)?
             } else {
                 s

@@ -1,7 +1,9 @@
 //! Sorting and order statistics: sort, topk, kthvalue, median, nanmedian;
 //! and binary search (bucketize, searchsorted).
 
-use super::{at_least_1d, operand, reduced_shape, result_type, wrap_dim, OpDef};
+use super::{
+    at_least_1d, operand, reduced_shape, require_nonempty_dim, result_type, wrap_dim, OpDef,
+};
 use crate::dtype::DType;
 use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
@@ -132,13 +134,7 @@ fn nanmedian(b: &mut Builder, with_dim: bool) -> Result<()> {
         (vec![view.numel() as i64], 0, false)
     };
     let n = work[d];
-    if n == 0 {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a non-empty dimension",
-            format!("{:?}", view.sizes),
-        ));
-    }
+    require_nonempty_dim(b, n, &view.sizes)?;
     let x = b.tensor(0)?;
     let x = b.reshape(x, &work)?;
     let iota = b.iota(DType::I64, &work, d);

@@ -272,26 +272,27 @@ fn same_unary(
     finish(b, form, out)
 }
 
-fn relu(b: &mut Builder, x: ValueId) -> Result<ValueId> {
+/// Errors for a bool `x`, which the op cannot take (`expected` says what
+/// it can).
+fn reject_bool(b: &Builder, x: ValueId, expected: &str) -> Result<()> {
     if b.dtype(x) == DType::Bool {
         return Err(Error::invalid(
             format!("{}: input", b.op_name()),
-            "a numeric tensor",
+            expected,
             "bool",
         ));
     }
+    Ok(())
+}
+
+fn relu(b: &mut Builder, x: ValueId) -> Result<ValueId> {
+    reject_bool(b, x, "a numeric tensor")?;
     let zero = b.constant(Literal::Int(0), b.dtype(x), &b.dims(x));
     b.binary(BinaryOp::Max, x, zero)
 }
 
 fn neg(b: &mut Builder, x: ValueId) -> Result<ValueId> {
-    if b.dtype(x) == DType::Bool {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a numeric tensor (use ~ or logical_not for bools)",
-            "bool",
-        ));
-    }
+    reject_bool(b, x, "a numeric tensor (use ~ or logical_not for bools)")?;
     Ok(b.unary(UnaryOp::Neg, x))
 }
 
