@@ -1,13 +1,18 @@
-//! Activations and their backwards: gelu (exact and tanh), silu, softplus,
-//! elu, leaky_relu, hardtanh, hardswish.
+//! Activations and their backwards: relu's backward, gelu (exact and
+//! tanh), silu, softplus, elu, leaky_relu, hardtanh, hardswish, threshold,
+//! soft/hard shrink, log-sigmoid, glu and prelu.
 
-use super::{finish, is_float, op, Form, OpDef};
+use super::{
+    accumulate_dtype, broadcast_all, broadcast_scalar, finish, float_input, operand_pair,
+    result_type, wrap_dim, Arith, Form, OpDef, Pass,
+};
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, CompareDir, Literal, UnaryOp, ValueId};
+use crate::error::Result;
+use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, UnaryOp, ValueId};
 
-/// Small arithmetic helpers over values of one shape and dtype.
+/// A builder for values of one shape and dtype: constants and scalar
+/// arguments in that shape, and the builder's own ops through `Deref`.
 struct Ew<'b, 'a> {
     b: &'b mut Builder<'a>,
     dims: Vec<i64>,
@@ -18,52 +23,45 @@ impl Ew<'_, '_> {
     fn c(&mut self, v: f64) -> ValueId {
         self.b.constant(Literal::Float(v), self.dtype, &self.dims)
     }
+    /// `x > 0`.
+    fn positive(&mut self, x: ValueId) -> Result<ValueId> {
+        let zero = self.c(0.0);
+        self.b.compare(CompareDir::Gt, x, zero)
+    }
     fn scalar(&mut self, index: usize) -> Result<ValueId> {
         let s = self.b.scalar_arg(index, self.dtype)?;
         self.b.broadcast_to(s, &self.dims)
     }
-    fn add(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
-        self.b.binary(BinaryOp::Add, x, y)
-    }
-    fn sub(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
-        self.b.binary(BinaryOp::Sub, x, y)
-    }
-    fn mul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
-        self.b.binary(BinaryOp::Mul, x, y)
-    }
-    fn div(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
-        self.b.binary(BinaryOp::Div, x, y)
-    }
-    fn un(&mut self, op: UnaryOp, x: ValueId) -> ValueId {
-        self.b.unary(op, x)
-    }
-    fn gt(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
-        self.b.compare(CompareDir::Gt, x, y)
-    }
-    fn lt(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
-        self.b.compare(CompareDir::Lt, x, y)
-    }
-    fn select(&mut self, p: ValueId, t: ValueId, f: ValueId) -> Result<ValueId> {
-        self.b.select(p, t, f)
+}
+
+impl<'a> std::ops::Deref for Ew<'_, 'a> {
+    type Target = Builder<'a>;
+    fn deref(&self) -> &Builder<'a> {
+        self.b
     }
 }
 
-/// Reads float tensor argument `index`.
-fn float_input(b: &mut Builder, index: usize) -> Result<(ValueId, DType, Vec<i64>)> {
-    let view = b.tensor_arg(index)?.view.clone();
-    if !is_float(view.dtype) {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a floating point tensor",
-            view.dtype,
-        ));
+impl<'a> std::ops::DerefMut for Ew<'_, 'a> {
+    fn deref_mut(&mut self) -> &mut Builder<'a> {
+        self.b
     }
-    let x = b.tensor(index)?;
-    Ok((x, view.dtype, view.sizes))
+}
+
+/// The gradient at `grad_index` (in the input's dtype) and the float input
+/// at `x_index`, with the input's dtype and sizes.
+fn grad_and_input(
+    b: &mut Builder,
+    grad_index: usize,
+    x_index: usize,
+) -> Result<(ValueId, ValueId, DType, Vec<i64>)> {
+    let (x, dtype, dims) = float_input(b, x_index)?;
+    let g = b.tensor(grad_index)?;
+    let g = b.convert(g, dtype);
+    Ok((g, x, dtype, dims))
 }
 
 /// Forward activation on argument 0; `f` computes it on (x).
-fn forward(b: &mut Builder, form: Form, f: fn(&mut Ew, ValueId) -> Result<ValueId>) -> Result<()> {
+fn forward(b: &mut Builder, f: fn(&mut Ew, ValueId) -> Result<ValueId>, form: Form) -> Result<()> {
     let (x, dtype, dims) = float_input(b, 0)?;
     let out = f(&mut Ew { b, dims, dtype }, x)?;
     finish(b, form, out)
@@ -76,9 +74,7 @@ fn backward(
     x_index: usize,
     f: fn(&mut Ew, ValueId) -> Result<ValueId>,
 ) -> Result<()> {
-    let (x, dtype, dims) = float_input(b, x_index)?;
-    let g = b.tensor(grad_index)?;
-    let g = b.convert(g, dtype);
+    let (g, x, dtype, dims) = grad_and_input(b, grad_index, x_index)?;
     let g = b.broadcast_to(g, &dims)?;
     let d = f(&mut Ew { b, dims, dtype }, x)?;
     let out = b.binary(BinaryOp::Mul, g, d)?;
@@ -97,15 +93,25 @@ fn tanh_approximation(b: &Builder, index: usize) -> Result<bool> {
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_CUBIC: f64 = 0.044715;
 
-fn gelu_exact(e: &mut Ew, x: ValueId) -> Result<ValueId> {
+/// erf(x / √2).
+fn erf_of_scaled(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let r = e.c(std::f64::consts::FRAC_1_SQRT_2);
     let xr = e.mul(x, r)?;
-    let erf = e.un(UnaryOp::Erf, xr);
+    Ok(e.unary(UnaryOp::Erf, xr))
+}
+
+/// 0.5 x (1 + t): both gelu forms, with t the erf or tanh term.
+fn half_x_one_plus(e: &mut Ew, x: ValueId, t: ValueId) -> Result<ValueId> {
     let one = e.c(1.0);
     let half = e.c(0.5);
-    let s = e.add(one, erf)?;
+    let s = e.add(one, t)?;
     let hx = e.mul(half, x)?;
     e.mul(hx, s)
+}
+
+fn gelu_exact(e: &mut Ew, x: ValueId) -> Result<ValueId> {
+    let erf = erf_of_scaled(e, x)?;
+    half_x_one_plus(e, x, erf)
 }
 
 fn gelu_tanh_inner(e: &mut Ew, x: ValueId) -> Result<ValueId> {
@@ -120,19 +126,13 @@ fn gelu_tanh_inner(e: &mut Ew, x: ValueId) -> Result<ValueId> {
 
 fn gelu_tanh(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let inner = gelu_tanh_inner(e, x)?;
-    let t = e.un(UnaryOp::Tanh, inner);
-    let one = e.c(1.0);
-    let half = e.c(0.5);
-    let s = e.add(one, t)?;
-    let hx = e.mul(half, x)?;
-    e.mul(hx, s)
+    let t = e.unary(UnaryOp::Tanh, inner);
+    half_x_one_plus(e, x, t)
 }
 
 fn gelu_exact_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     // Φ(x) + x φ(x)
-    let r = e.c(std::f64::consts::FRAC_1_SQRT_2);
-    let xr = e.mul(x, r)?;
-    let erf = e.un(UnaryOp::Erf, xr);
+    let erf = erf_of_scaled(e, x)?;
     let one = e.c(1.0);
     let half = e.c(0.5);
     let s = e.add(one, erf)?;
@@ -140,7 +140,7 @@ fn gelu_exact_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let x2 = e.mul(x, x)?;
     let mhalf = e.c(-0.5);
     let ex = e.mul(mhalf, x2)?;
-    let ex = e.un(UnaryOp::Exp, ex);
+    let ex = e.unary(UnaryOp::Exp, ex);
     let norm = e.c(1.0 / (2.0 * std::f64::consts::PI).sqrt());
     let pdf = e.mul(norm, ex)?;
     let xpdf = e.mul(x, pdf)?;
@@ -150,7 +150,7 @@ fn gelu_exact_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
 fn gelu_tanh_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     // 0.5(1 + t) + 0.5 x (1 - t²) k (1 + 3c x²)
     let inner = gelu_tanh_inner(e, x)?;
-    let t = e.un(UnaryOp::Tanh, inner);
+    let t = e.unary(UnaryOp::Tanh, inner);
     let one = e.c(1.0);
     let half = e.c(0.5);
     let opt = e.add(one, t)?;
@@ -171,9 +171,9 @@ fn gelu_tanh_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
 
 fn gelu(b: &mut Builder, form: Form) -> Result<()> {
     if tanh_approximation(b, 1)? {
-        forward(b, form, gelu_tanh)
+        forward(b, gelu_tanh, form)
     } else {
-        forward(b, form, gelu_exact)
+        forward(b, gelu_exact, form)
     }
 }
 
@@ -186,13 +186,13 @@ fn gelu_backward(b: &mut Builder) -> Result<()> {
 }
 
 fn silu(e: &mut Ew, x: ValueId) -> Result<ValueId> {
-    let s = e.un(UnaryOp::Logistic, x);
+    let s = e.unary(UnaryOp::Logistic, x);
     e.mul(x, s)
 }
 
 fn silu_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     // s (1 + x (1 - s))
-    let s = e.un(UnaryOp::Logistic, x);
+    let s = e.unary(UnaryOp::Logistic, x);
     let one = e.c(1.0);
     let oms = e.sub(one, s)?;
     let xo = e.mul(x, oms)?;
@@ -207,25 +207,23 @@ fn softplus(b: &mut Builder) -> Result<()> {
     let beta = e.scalar(1)?;
     let threshold = e.scalar(2)?;
     let bx = e.mul(beta, x)?;
-    let ex = e.un(UnaryOp::Exp, bx);
-    let l = e.un(UnaryOp::Log1p, ex);
+    let ex = e.unary(UnaryOp::Exp, bx);
+    let l = e.unary(UnaryOp::Log1p, ex);
     let soft = e.div(l, beta)?;
-    let linear = e.gt(bx, threshold)?;
+    let linear = e.compare(CompareDir::Gt, bx, threshold)?;
     let out = e.select(linear, x, soft)?;
     b.output(out)
 }
 
 fn softplus_backward(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_input(b, 1)?;
-    let g = b.tensor(0)?;
-    let g = b.convert(g, dtype);
+    let (g, x, dtype, dims) = grad_and_input(b, 0, 1)?;
     let e = &mut Ew { b, dims, dtype };
     let beta = e.scalar(2)?;
     let threshold = e.scalar(3)?;
     let bx = e.mul(beta, x)?;
-    let s = e.un(UnaryOp::Logistic, bx);
+    let s = e.unary(UnaryOp::Logistic, bx);
     let one = e.c(1.0);
-    let linear = e.gt(bx, threshold)?;
+    let linear = e.compare(CompareDir::Gt, bx, threshold)?;
     let d = e.select(linear, one, s)?;
     let out = e.mul(g, d)?;
     b.output(out)
@@ -236,10 +234,9 @@ fn elu(b: &mut Builder, form: Form) -> Result<()> {
     let (x, dtype, dims) = float_input(b, 0)?;
     let e = &mut Ew { b, dims, dtype };
     let (alpha, scale, input_scale) = (e.scalar(1)?, e.scalar(2)?, e.scalar(3)?);
-    let zero = e.c(0.0);
-    let pos = e.gt(x, zero)?;
+    let pos = e.positive(x)?;
     let sx = e.mul(input_scale, x)?;
-    let em1 = e.un(UnaryOp::Expm1, sx);
+    let em1 = e.unary(UnaryOp::Expm1, sx);
     let neg = e.mul(alpha, em1)?;
     let v = e.select(pos, x, neg)?;
     let out = e.mul(scale, v)?;
@@ -248,14 +245,11 @@ fn elu(b: &mut Builder, form: Form) -> Result<()> {
 
 /// elu_backward(grad, alpha, scale, input_scale, is_result, self_or_result).
 fn elu_backward(b: &mut Builder) -> Result<()> {
-    let (y, dtype, dims) = float_input(b, 5)?;
+    let (g, y, dtype, dims) = grad_and_input(b, 0, 5)?;
     let is_result = b.bool_arg(4)?;
-    let g = b.tensor(0)?;
-    let g = b.convert(g, dtype);
     let e = &mut Ew { b, dims, dtype };
     let (alpha, scale, input_scale) = (e.scalar(1)?, e.scalar(2)?, e.scalar(3)?);
-    let zero = e.c(0.0);
-    let pos = e.gt(y, zero)?;
+    let pos = e.positive(y)?;
     let neg_grad = if is_result {
         // d/dx = input_scale (result + alpha scale)
         let a_s = e.mul(alpha, scale)?;
@@ -263,7 +257,7 @@ fn elu_backward(b: &mut Builder) -> Result<()> {
         e.mul(input_scale, r)?
     } else {
         let sx = e.mul(input_scale, y)?;
-        let ex = e.un(UnaryOp::Exp, sx);
+        let ex = e.unary(UnaryOp::Exp, sx);
         let a_s = e.mul(alpha, scale)?;
         let t = e.mul(a_s, ex)?;
         e.mul(input_scale, t)?
@@ -277,8 +271,7 @@ fn leaky_relu(b: &mut Builder, form: Form) -> Result<()> {
     let (x, dtype, dims) = float_input(b, 0)?;
     let e = &mut Ew { b, dims, dtype };
     let slope = e.scalar(1)?;
-    let zero = e.c(0.0);
-    let pos = e.gt(x, zero)?;
+    let pos = e.positive(x)?;
     let neg = e.mul(x, slope)?;
     let out = e.select(pos, x, neg)?;
     finish(b, form, out)
@@ -286,13 +279,10 @@ fn leaky_relu(b: &mut Builder, form: Form) -> Result<()> {
 
 /// leaky_relu_backward(grad, self, negative_slope, self_is_result).
 fn leaky_relu_backward(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_input(b, 1)?;
-    let g = b.tensor(0)?;
-    let g = b.convert(g, dtype);
+    let (g, x, dtype, dims) = grad_and_input(b, 0, 1)?;
     let e = &mut Ew { b, dims, dtype };
     let slope = e.scalar(2)?;
-    let zero = e.c(0.0);
-    let pos = e.gt(x, zero)?;
+    let pos = e.positive(x)?;
     let neg = e.mul(g, slope)?;
     let out = e.select(pos, g, neg)?;
     b.output(out)
@@ -302,21 +292,19 @@ fn hardtanh(b: &mut Builder, form: Form) -> Result<()> {
     let (x, dtype, dims) = float_input(b, 0)?;
     let e = &mut Ew { b, dims, dtype };
     let (lo, hi) = (e.scalar(1)?, e.scalar(2)?);
-    let m = e.b.binary(BinaryOp::Max, x, lo)?;
-    let out = e.b.binary(BinaryOp::Min, m, hi)?;
+    let m = e.binary(BinaryOp::Max, x, lo)?;
+    let out = e.binary(BinaryOp::Min, m, hi)?;
     finish(b, form, out)
 }
 
 /// Gradient passes only strictly inside (min_val, max_val).
 fn hardtanh_backward(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_input(b, 1)?;
-    let g = b.tensor(0)?;
-    let g = b.convert(g, dtype);
+    let (g, x, dtype, dims) = grad_and_input(b, 0, 1)?;
     let e = &mut Ew { b, dims, dtype };
     let (lo, hi) = (e.scalar(2)?, e.scalar(3)?);
-    let above = e.gt(x, lo)?;
-    let below = e.lt(x, hi)?;
-    let inside = e.b.binary(BinaryOp::And, above, below)?;
+    let above = e.compare(CompareDir::Gt, x, lo)?;
+    let below = e.compare(CompareDir::Lt, x, hi)?;
+    let inside = e.binary(BinaryOp::And, above, below)?;
     let zero = e.c(0.0);
     let out = e.select(inside, g, zero)?;
     b.output(out)
@@ -328,8 +316,8 @@ fn hardswish(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let zero = e.c(0.0);
     let six = e.c(6.0);
     let s = e.add(x, three)?;
-    let r = e.b.binary(BinaryOp::Max, s, zero)?;
-    let r = e.b.binary(BinaryOp::Min, r, six)?;
+    let r = e.binary(BinaryOp::Max, s, zero)?;
+    let r = e.binary(BinaryOp::Min, r, six)?;
     let xr = e.mul(x, r)?;
     e.div(xr, six)
 }
@@ -345,8 +333,8 @@ fn hardswish_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let tx = e.mul(two, x)?;
     let n = e.add(tx, p3)?;
     let mid = e.div(n, six)?;
-    let low = e.lt(x, m3)?;
-    let high = e.gt(x, p3)?;
+    let low = e.compare(CompareDir::Lt, x, m3)?;
+    let high = e.compare(CompareDir::Gt, x, p3)?;
     let v = e.select(high, one, mid)?;
     e.select(low, zero, v)
 }
@@ -354,9 +342,7 @@ fn hardswish_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
 /// tanh_backward(grad, output) = grad (1 - y²); sigmoid_backward(grad,
 /// output) = grad y (1 - y): both from the forward's output.
 fn output_backward(b: &mut Builder, tanh: bool) -> Result<()> {
-    let (y, dtype, dims) = float_input(b, 1)?;
-    let g = b.tensor(0)?;
-    let g = b.convert(g, dtype);
+    let (g, y, dtype, dims) = grad_and_input(b, 0, 1)?;
     let g = b.broadcast_to(g, &dims)?;
     let e = &mut Ew { b, dims, dtype };
     let one = e.c(1.0);
@@ -371,53 +357,211 @@ fn output_backward(b: &mut Builder, tanh: bool) -> Result<()> {
     b.output(out)
 }
 
+/// threshold(self, threshold, value): x > threshold ? x : value.
+fn threshold(b: &mut Builder, form: Form) -> Result<()> {
+    let x = b.tensor(0)?;
+    let (dtype, dims) = (b.dtype(x), b.dims(x));
+    let t = broadcast_scalar(b, 1, dtype, &dims)?;
+    let v = broadcast_scalar(b, 2, dtype, &dims)?;
+    let keep = b.compare(CompareDir::Gt, x, t)?;
+    let out = b.select(keep, x, v)?;
+    finish(b, form, out)
+}
+
+/// grad where self > threshold, else 0 (relu's backward).
+fn threshold_backward(b: &mut Builder) -> Result<()> {
+    let dtype = result_type(b, &[0, 1])?;
+    let (g, x) = operand_pair(b, (0, 1), dtype)?;
+    let dims = b.dims(x);
+    let t = broadcast_scalar(b, 2, dtype, &dims)?;
+    let keep = b.compare(CompareDir::Gt, x, t)?;
+    let zero = b.constant(Literal::Int(0), dtype, &dims);
+    let out = b.select(keep, g, zero)?;
+    b.output(out)
+}
+
+/// softshrink / hardshrink (and their backwards with `grad` first).
+fn shrink(b: &mut Builder, soft: bool, pass: Pass) -> Result<()> {
+    let backward = pass == Pass::Backward;
+    let xi = pass.first_arg();
+    let x = b.tensor(xi)?;
+    let (dtype, dims) = (b.dtype(x), b.dims(x));
+    let l = broadcast_scalar(b, xi + 1, dtype, &dims)?;
+    let nl = b.unary(UnaryOp::Neg, l);
+    let above = b.compare(CompareDir::Gt, x, l)?;
+    let below = b.compare(CompareDir::Lt, x, nl)?;
+    let outside = b.binary(BinaryOp::Or, above, below)?;
+    let zero = b.constant(Literal::Int(0), dtype, &dims);
+    let out = if backward {
+        let g = b.tensor(0)?;
+        let g = b.convert(g, dtype);
+        b.select(outside, g, zero)?
+    } else if soft {
+        let xm = b.sub(x, l)?;
+        let xp = b.add(x, l)?;
+        let v = b.select(above, xm, zero)?;
+        b.select(below, xp, v)?
+    } else {
+        b.select(outside, x, zero)?
+    };
+    b.output(out)
+}
+
+/// log_sigmoid_forward(self) -> (out, buffer) = -softplus(-x); the buffer
+/// ATen's CPU kernel keeps is not needed here and is returned empty.
+fn log_sigmoid(b: &mut Builder) -> Result<()> {
+    let x = b.tensor(0)?;
+    let dtype = b.dtype(x);
+    let acc = accumulate_dtype(dtype);
+    let x = b.convert(x, acc);
+    // -softplus(-x) = min(x, 0) - log1p(exp(-|x|)), stable for large |x|.
+    let zero = b.float_like(0.0, x);
+    let m = b.binary(BinaryOp::Min, x, zero)?;
+    let a = b.unary(UnaryOp::Abs, x);
+    let na = b.unary(UnaryOp::Neg, a);
+    let e = b.unary(UnaryOp::Exp, na);
+    let l = b.unary(UnaryOp::Log1p, e);
+    let out = b.binary(BinaryOp::Sub, m, l)?;
+    let out = b.convert(out, dtype);
+    b.output(out)?;
+    let empty = b.constant(Literal::Int(0), dtype, &[0]);
+    b.output(empty)
+}
+
+/// log_sigmoid_backward(grad, self, buffer) = grad * sigmoid(-x).
+fn log_sigmoid_backward(b: &mut Builder) -> Result<()> {
+    let x = b.tensor(1)?;
+    let dtype = b.dtype(x);
+    let g = b.tensor(0)?;
+    let g = b.convert(g, dtype);
+    let nx = b.unary(UnaryOp::Neg, x);
+    let s = b.unary(UnaryOp::Logistic, nx);
+    let out = b.binary(BinaryOp::Mul, g, s)?;
+    b.output(out)
+}
+
+/// glu(self, dim) = a * sigmoid(b) of the two halves; backward(grad, self, dim).
+fn glu(b: &mut Builder, pass: Pass) -> Result<()> {
+    let backward = pass == Pass::Backward;
+    let xi = pass.first_arg();
+    let x = b.tensor(xi)?;
+    let dims = b.dims(x);
+    let d = wrap_dim(b, b.int_arg(xi + 1)?, dims.len())?;
+    if dims[d] % 2 != 0 {
+        return Err(b.arg_error(xi + 1, "a dimension of even size", dims[d]));
+    }
+    let half = dims[d] / 2;
+    let mut lo_limit = dims.clone();
+    lo_limit[d] = half;
+    let mut hi_start = vec![0; dims.len()];
+    hi_start[d] = half;
+    let ones = vec![1; dims.len()];
+    let a = b.slice(x, &vec![0; dims.len()], &lo_limit, &ones);
+    let c = b.slice(x, &hi_start, &dims, &ones);
+    let s = b.unary(UnaryOp::Logistic, c);
+    if !backward {
+        let out = b.binary(BinaryOp::Mul, a, s)?;
+        return b.output(out);
+    }
+    let g = b.tensor(0)?;
+    let g = b.convert(g, b.dtype(x));
+    let ga = b.binary(BinaryOp::Mul, g, s)?;
+    let one = b.float_like(1.0, s);
+    let oms = b.binary(BinaryOp::Sub, one, s)?;
+    let ds = b.binary(BinaryOp::Mul, s, oms)?;
+    let gb = b.binary(BinaryOp::Mul, g, a)?;
+    let gb = b.binary(BinaryOp::Mul, gb, ds)?;
+    let out = b.concat(&[ga, gb], d)?;
+    b.output(out)
+}
+
+/// _prelu_kernel(self, weight) = x > 0 ? x : w x (weight broadcast).
+fn prelu(b: &mut Builder) -> Result<()> {
+    let x = b.tensor(0)?;
+    let w = b.tensor(1)?;
+    let [x, w] = broadcast_all(b, &[x, w])?[..] else {
+        unreachable!("two values in, two out")
+    };
+    let zero = b.float_like(0.0, x);
+    let pos = b.compare(CompareDir::Gt, x, zero)?;
+    let wx = b.binary(BinaryOp::Mul, w, x)?;
+    let out = b.select(pos, x, wx)?;
+    b.output(out)
+}
+
+/// _prelu_kernel_backward(grad, self, weight) -> (grad_input, grad_weight).
+fn prelu_backward(b: &mut Builder) -> Result<()> {
+    let weight_sizes = b.tensor_arg(2)?.view.sizes.clone();
+    let g = b.tensor(0)?;
+    let x = b.tensor(1)?;
+    let w = b.tensor(2)?;
+    let [g, x, w] = broadcast_all(b, &[g, x, w])?[..] else {
+        unreachable!("three values in, three out")
+    };
+    let zero = b.float_like(0.0, x);
+    let pos = b.compare(CompareDir::Gt, x, zero)?;
+    let wg = b.binary(BinaryOp::Mul, w, g)?;
+    let gi = b.select(pos, g, wg)?;
+    b.output(gi)?;
+    let xg = b.binary(BinaryOp::Mul, x, g)?;
+    let gw = b.select(pos, zero, xg)?;
+    // Sum over the dims the weight was broadcast along.
+    let dims = b.dims(gw);
+    let lead = dims.len() - weight_sizes.len();
+    let reduce: Vec<i64> = (0..dims.len())
+        .filter(|&d| d < lead || weight_sizes[d - lead] == 1 && dims[d] != 1)
+        .map(|d| d as i64)
+        .collect();
+    let gw = b.reduce(gw, ReduceOp::Sum, &reduce);
+    let gw = b.reshape(gw, &weight_sizes)?;
+    b.output(gw)
+}
+
 pub(super) fn ops() -> Vec<OpDef> {
-    use Form::{Functional as F, InPlace as I};
-    vec![
-        op("aten::tanh_backward", |b| output_backward(b, true)),
-        op("aten::tanh_backward.grad_input", |b| {
-            output_backward(b, true)
-        }),
-        op("aten::sigmoid_backward", |b| output_backward(b, false)),
-        op("aten::sigmoid_backward.grad_input", |b| {
-            output_backward(b, false)
-        }),
-        op("aten::gelu", |b| gelu(b, F)),
-        op("aten::gelu.out", |b| gelu(b, F)),
-        op("aten::gelu_", |b| gelu(b, I)),
-        op("aten::gelu_backward", gelu_backward),
-        op("aten::gelu_backward.grad_input", gelu_backward),
-        op("aten::silu", |b| forward(b, F, silu)),
-        op("aten::silu.out", |b| forward(b, F, silu)),
-        op("aten::silu_", |b| forward(b, I, silu)),
-        op("aten::silu_backward", |b| backward(b, 0, 1, silu_grad)),
-        op("aten::silu_backward.grad_input", |b| {
-            backward(b, 0, 1, silu_grad)
-        }),
-        op("aten::softplus", softplus),
-        op("aten::softplus.out", softplus),
-        op("aten::softplus_backward", softplus_backward),
-        op("aten::softplus_backward.grad_input", softplus_backward),
-        op("aten::elu", |b| elu(b, F)),
-        op("aten::elu.out", |b| elu(b, F)),
-        op("aten::elu_", |b| elu(b, I)),
-        op("aten::elu_backward", elu_backward),
-        op("aten::elu_backward.grad_input", elu_backward),
-        op("aten::leaky_relu", |b| leaky_relu(b, F)),
-        op("aten::leaky_relu.out", |b| leaky_relu(b, F)),
-        op("aten::leaky_relu_", |b| leaky_relu(b, I)),
-        op("aten::leaky_relu_backward", leaky_relu_backward),
-        op("aten::leaky_relu_backward.grad_input", leaky_relu_backward),
-        op("aten::hardtanh", |b| hardtanh(b, F)),
-        op("aten::hardtanh.out", |b| hardtanh(b, F)),
-        op("aten::hardtanh_", |b| hardtanh(b, I)),
-        op("aten::hardtanh_backward", hardtanh_backward),
-        op("aten::hardtanh_backward.grad_input", hardtanh_backward),
-        op("aten::hardswish", |b| forward(b, F, hardswish)),
-        op("aten::hardswish.out", |b| forward(b, F, hardswish)),
-        op("aten::hardswish_", |b| forward(b, I, hardswish)),
-        op("aten::hardswish_backward", |b| {
-            backward(b, 0, 1, hardswish_grad)
-        }),
-    ]
+    let mut ops = vec![
+        op!("aten::threshold_backward", threshold_backward()),
+        op!("aten::threshold_backward.grad_input", threshold_backward()),
+        op!("aten::tanh_backward", output_backward(true)),
+        op!("aten::tanh_backward.grad_input", output_backward(true)),
+        op!("aten::sigmoid_backward", output_backward(false)),
+        op!("aten::sigmoid_backward.grad_input", output_backward(false)),
+        op!("aten::gelu_backward", gelu_backward()),
+        op!("aten::gelu_backward.grad_input", gelu_backward()),
+        op!("aten::silu_backward", backward(0, 1, silu_grad)),
+        op!("aten::silu_backward.grad_input", backward(0, 1, silu_grad)),
+        op!("aten::softplus_backward", softplus_backward()),
+        op!("aten::softplus_backward.grad_input", softplus_backward()),
+        op!("aten::elu_backward", elu_backward()),
+        op!("aten::elu_backward.grad_input", elu_backward()),
+        op!("aten::leaky_relu_backward", leaky_relu_backward()),
+        op!(
+            "aten::leaky_relu_backward.grad_input",
+            leaky_relu_backward()
+        ),
+        op!("aten::hardtanh_backward", hardtanh_backward()),
+        op!("aten::hardtanh_backward.grad_input", hardtanh_backward()),
+        op!("aten::hardswish_backward", backward(0, 1, hardswish_grad)),
+        op!("aten::softshrink_backward", shrink(true, Pass::Backward)),
+        op!("aten::hardshrink_backward", shrink(false, Pass::Backward)),
+        op!("aten::log_sigmoid_forward", log_sigmoid()),
+        op!("aten::log_sigmoid_backward", log_sigmoid_backward()),
+        op!(
+            "aten::log_sigmoid_backward.grad_input",
+            log_sigmoid_backward()
+        ),
+        op!("aten::_prelu_kernel", prelu()),
+        op!("aten::_prelu_kernel_backward", prelu_backward()),
+    ];
+    ops.extend(forms!("aten::gelu", gelu()));
+    ops.extend(forms!("aten::silu", forward(silu)));
+    ops.extend(forms!("aten::elu", elu()));
+    ops.extend(forms!("aten::leaky_relu", leaky_relu()));
+    ops.extend(forms!("aten::hardtanh", hardtanh()));
+    ops.extend(forms!("aten::hardswish", forward(hardswish)));
+    ops.extend(forms!("aten::threshold", threshold()));
+    ops.extend(with_out!("aten::softplus", softplus()));
+    ops.extend(with_out!("aten::softshrink", shrink(true, Pass::Forward)));
+    ops.extend(with_out!("aten::hardshrink", shrink(false, Pass::Forward)));
+    ops.extend(with_backward!("aten::glu", glu()));
+    ops
 }

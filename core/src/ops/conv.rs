@@ -2,15 +2,16 @@
 //! transposed) and its backward, as StableHLO convolutions; the backward
 //! follows the standard transposition rules (as JAX derives them).
 
-use super::{is_float, op, OpDef};
+use super::{accumulate_dtype, is_float, output_if, OpDef};
 use crate::builder::{Arg, Builder};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, ReduceOp, ValueId};
 
-/// The layout strings of an N-d convolution with `sp` spatial dims.
-fn layout(prefix: &str, sp: usize) -> String {
+/// The layout strings of an N-d convolution with `sp` spatial dims, from
+/// the input's, kernel's and output's leading letters.
+fn layouts(sp: usize, prefixes: [&str; 3]) -> [String; 3] {
     let digits: String = (0..sp).map(|d| char::from(b'0' + d as u8)).collect();
-    format!("{prefix}{digits}")
+    prefixes.map(|prefix| format!("{prefix}{digits}"))
 }
 
 /// Geometry shared by forward and backward: per spatial dim.
@@ -106,11 +107,9 @@ fn conv_forward(b: &mut Builder, x: ValueId, w: ValueId, g: &Geometry) -> Result
     Ok(b.convolution(
         x,
         w,
-        [
-            &layout("bf", g.sp),
-            &layout("oi", g.sp),
-            &layout("bf", g.sp),
-        ],
+        layouts(g.sp, ["bf", "oi", "bf"])
+            .each_ref()
+            .map(String::as_str),
         &g.stride,
         &pads,
         &vec![1; g.sp],
@@ -162,11 +161,9 @@ fn conv_transposed(
     Ok(b.convolution(
         x,
         w,
-        [
-            &layout("bf", g.sp),
-            &layout("oi", g.sp),
-            &layout("bf", g.sp),
-        ],
+        layouts(g.sp, ["bf", "oi", "bf"])
+            .each_ref()
+            .map(String::as_str),
         &vec![1; g.sp],
         &pads,
         &g.stride,
@@ -198,11 +195,9 @@ fn conv_weight_grad(
     Ok(b.convolution(
         x,
         gy,
-        [
-            &layout("fb", g.sp),
-            &layout("io", g.sp),
-            &layout("fb", g.sp),
-        ],
+        layouts(g.sp, ["fb", "io", "fb"])
+            .each_ref()
+            .map(String::as_str),
         &g.dilation,
         &pads,
         &vec![1; g.sp],
@@ -270,7 +265,7 @@ fn convolution_backward(b: &mut Builder, first: usize) -> Result<()> {
     let x = b.tensor(1)?;
     let w = b.tensor(2)?;
     let gd = b.dims(gy);
-    if mask[0] {
+    output_if(b, mask[0], |b| {
         let gx = if g.transposed {
             // The input gradient of a transposed convolution is a standard one.
             conv_forward(b, gy, w, &g)?
@@ -285,12 +280,9 @@ fn convolution_backward(b: &mut Builder, first: usize) -> Result<()> {
                 .collect();
             conv_transposed(b, gy, w, &g, &op)?
         };
-        let gx = b.convert(gx, dtype);
-        b.output(gx)?;
-    } else {
-        b.none_output();
-    }
-    if mask[1] {
+        Ok(b.convert(gx, dtype))
+    })?;
+    output_if(b, mask[1], |b| {
         let k = &weight_sizes[2..];
         let gw = if g.transposed {
             conv_weight_grad(b, gy, x, k, &g)?
@@ -298,31 +290,25 @@ fn convolution_backward(b: &mut Builder, first: usize) -> Result<()> {
             conv_weight_grad(b, x, gy, k, &g)?
         };
         let gw = b.reshape(gw, &weight_sizes)?;
-        let gw = b.convert(gw, dtype);
-        b.output(gw)?;
-    } else {
-        b.none_output();
-    }
-    if mask[2] {
+        Ok(b.convert(gw, dtype))
+    })?;
+    output_if(b, mask[2], |b| {
         let dims: Vec<i64> = (0..gd.len() as i64).filter(|&d| d != 1).collect();
-        let acc = super::reduce::accumulate_dtype(dtype);
+        let acc = accumulate_dtype(dtype);
         let gy = b.convert(gy, acc);
         let gb = b.reduce(gy, ReduceOp::Sum, &dims);
-        let gb = b.convert(gb, dtype);
-        b.output(gb)?;
-    } else {
-        b.none_output();
-    }
-    Ok(())
+        Ok(b.convert(gb, dtype))
+    })
 }
 
 pub(super) fn ops() -> Vec<OpDef> {
     vec![
-        op("aten::convolution", convolution),
-        op("aten::convolution_overrideable", convolution),
-        op("aten::convolution_backward", |b| convolution_backward(b, 4)),
-        op("aten::convolution_backward_overrideable", |b| {
-            convolution_backward(b, 3)
-        }),
+        op!("aten::convolution", convolution()),
+        op!("aten::convolution_overrideable", convolution()),
+        op!("aten::convolution_backward", convolution_backward(4)),
+        op!(
+            "aten::convolution_backward_overrideable",
+            convolution_backward(3)
+        ),
     ]
 }

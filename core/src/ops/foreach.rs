@@ -1,7 +1,7 @@
 //! `_foreach_*` ops, as the optimizers call them: one program updates every
 //! tensor of the list.
 
-use super::{can_cast, is_float, is_integral, op, promote_types, OpDef};
+use super::{can_cast, is_float, is_integral, promote_types, Form, OpDef};
 use crate::builder::{Arg, Builder, TensorArg};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -67,8 +67,8 @@ fn check_lengths(b: &Builder, index: usize, expected: usize, got: usize) -> Resu
 }
 
 /// Stores element `i`'s result: in place into `self[i]`, or as output `i`.
-fn store(b: &mut Builder, in_place: bool, target: &TensorArg, value: ValueId) -> Result<()> {
-    if in_place {
+fn store(b: &mut Builder, form: Form, target: &TensorArg, value: ValueId) -> Result<()> {
+    if form == Form::InPlace {
         let have = b.dtype(value);
         if !can_cast(have, target.view.dtype) {
             return Err(Error::invalid(
@@ -84,7 +84,7 @@ fn store(b: &mut Builder, in_place: bool, target: &TensorArg, value: ValueId) ->
 }
 
 /// `self[i] op (alpha * other[i])` over the list.
-fn binary(b: &mut Builder, op: BinaryOp, other: Other, in_place: bool) -> Result<()> {
+fn binary(b: &mut Builder, op: BinaryOp, other: Other, form: Form) -> Result<()> {
     let selfs: Vec<TensorArg> = b.tensor_list_arg(0)?.into_iter().cloned().collect();
     let others: Vec<Arg> = match other {
         Other::List => {
@@ -121,7 +121,7 @@ fn binary(b: &mut Builder, op: BinaryOp, other: Other, in_place: bool) -> Result
             y = b.binary(BinaryOp::Mul, y, a)?;
         }
         let out = b.binary(op, x, y)?;
-        store(b, in_place, target, out)?;
+        store(b, form, target, out)?;
     }
     Ok(())
 }
@@ -162,7 +162,7 @@ fn addc(b: &mut Builder, divide: bool, scalars: Other) -> Result<()> {
         let v = scalar_value(b, &values[i], dtype, &dims)?;
         let scaled = b.binary(BinaryOp::Mul, pq, v)?;
         let out = b.binary(BinaryOp::Add, x, scaled)?;
-        store(b, true, &selfs[i], out)?;
+        store(b, Form::InPlace, &selfs[i], out)?;
     }
     Ok(())
 }
@@ -184,12 +184,12 @@ fn lerp(b: &mut Builder) -> Result<()> {
         let d = b.binary(BinaryOp::Sub, e, x)?;
         let s = b.binary(BinaryOp::Mul, w, d)?;
         let out = b.binary(BinaryOp::Add, x, s)?;
-        store(b, true, target, out)?;
+        store(b, Form::InPlace, target, out)?;
     }
     Ok(())
 }
 
-fn unary(b: &mut Builder, op: UnaryOp, in_place: bool) -> Result<()> {
+fn unary(b: &mut Builder, op: UnaryOp, form: Form) -> Result<()> {
     let selfs: Vec<TensorArg> = b.tensor_list_arg(0)?.into_iter().cloned().collect();
     for target in &selfs {
         let x = b.read(target)?;
@@ -200,7 +200,7 @@ fn unary(b: &mut Builder, op: UnaryOp, in_place: bool) -> Result<()> {
         };
         let x = b.convert(x, dtype);
         let out = b.unary(op, x);
-        store(b, in_place, target, out)?;
+        store(b, form, target, out)?;
     }
     Ok(())
 }
@@ -226,64 +226,69 @@ fn copy(b: &mut Builder) -> Result<()> {
     Ok(())
 }
 
+/// `_foreach_<name>_.<other>` (in place) and `_foreach_<name>.<other>` for
+/// each kind of second operand.
 macro_rules! binary_family {
-    ($ops:ident, $op:expr, $name:literal) => {
-        $ops.push(op(concat!("aten::_foreach_", $name, "_.List"), |b| {
-            binary(b, $op, Other::List, true)
-        }));
-        $ops.push(op(concat!("aten::_foreach_", $name, "_.Scalar"), |b| {
-            binary(b, $op, Other::Scalar, true)
-        }));
-        $ops.push(op(concat!("aten::_foreach_", $name, "_.ScalarList"), |b| {
-            binary(b, $op, Other::ScalarList, true)
-        }));
-        $ops.push(op(concat!("aten::_foreach_", $name, "_.Tensor"), |b| {
-            binary(b, $op, Other::Tensor, true)
-        }));
-        $ops.push(op(concat!("aten::_foreach_", $name, ".List"), |b| {
-            binary(b, $op, Other::List, false)
-        }));
-        $ops.push(op(concat!("aten::_foreach_", $name, ".Scalar"), |b| {
-            binary(b, $op, Other::Scalar, false)
-        }));
-        $ops.push(op(concat!("aten::_foreach_", $name, ".ScalarList"), |b| {
-            binary(b, $op, Other::ScalarList, false)
-        }));
-        $ops.push(op(concat!("aten::_foreach_", $name, ".Tensor"), |b| {
-            binary(b, $op, Other::Tensor, false)
-        }));
+    ($name:literal, $op:expr, [$($other:ident),+]) => {
+        [$(
+            op!(
+                concat!("aten::_foreach_", $name, "_.", stringify!($other)),
+                binary($op, Other::$other, Form::InPlace)
+            ),
+            op!(
+                concat!("aten::_foreach_", $name, ".", stringify!($other)),
+                binary($op, Other::$other, Form::Functional)
+            ),
+        )+]
     };
 }
 
 pub(super) fn ops() -> Vec<OpDef> {
-    let mut ops = Vec::with_capacity(64);
-    binary_family!(ops, BinaryOp::Add, "add");
-    binary_family!(ops, BinaryOp::Sub, "sub");
-    binary_family!(ops, BinaryOp::Mul, "mul");
-    binary_family!(ops, BinaryOp::Div, "div");
-    binary_family!(ops, BinaryOp::Max, "maximum");
+    use Other::{Scalar, ScalarList};
+    let mut ops = vec![
+        op!("aten::_foreach_addcmul_.Scalar", addc(false, Scalar)),
+        op!(
+            "aten::_foreach_addcmul_.ScalarList",
+            addc(false, ScalarList)
+        ),
+        op!("aten::_foreach_addcdiv_.Scalar", addc(true, Scalar)),
+        op!("aten::_foreach_addcdiv_.ScalarList", addc(true, ScalarList)),
+        op!("aten::_foreach_lerp_.Scalar", lerp()),
+        op!(
+            "aten::_foreach_sqrt",
+            unary(UnaryOp::Sqrt, Form::Functional)
+        ),
+        op!("aten::_foreach_sqrt_", unary(UnaryOp::Sqrt, Form::InPlace)),
+        op!("aten::_foreach_neg", unary(UnaryOp::Neg, Form::Functional)),
+        op!("aten::_foreach_neg_", unary(UnaryOp::Neg, Form::InPlace)),
+        op!("aten::_foreach_zero_", zero()),
+        op!("aten::_foreach_copy_", copy()),
+    ];
+    ops.extend(binary_family!(
+        "add",
+        BinaryOp::Add,
+        [List, Scalar, ScalarList, Tensor]
+    ));
+    ops.extend(binary_family!(
+        "mul",
+        BinaryOp::Mul,
+        [List, Scalar, ScalarList, Tensor]
+    ));
+    ops.extend(binary_family!(
+        "div",
+        BinaryOp::Div,
+        [List, Scalar, ScalarList, Tensor]
+    ));
     // ATen defines the one-tensor (.Tensor) overload only for add, mul and div.
-    ops.retain(|o| !matches!(o.name, n if n.ends_with(".Tensor") && (n.contains("_sub") || n.contains("_maximum"))));
-    ops.extend([
-        op("aten::_foreach_addcmul_.Scalar", |b| {
-            addc(b, false, Other::Scalar)
-        }),
-        op("aten::_foreach_addcmul_.ScalarList", |b| {
-            addc(b, false, Other::ScalarList)
-        }),
-        op("aten::_foreach_addcdiv_.Scalar", |b| {
-            addc(b, true, Other::Scalar)
-        }),
-        op("aten::_foreach_addcdiv_.ScalarList", |b| {
-            addc(b, true, Other::ScalarList)
-        }),
-        op("aten::_foreach_lerp_.Scalar", lerp),
-        op("aten::_foreach_sqrt", |b| unary(b, UnaryOp::Sqrt, false)),
-        op("aten::_foreach_sqrt_", |b| unary(b, UnaryOp::Sqrt, true)),
-        op("aten::_foreach_neg", |b| unary(b, UnaryOp::Neg, false)),
-        op("aten::_foreach_neg_", |b| unary(b, UnaryOp::Neg, true)),
-        op("aten::_foreach_zero_", zero),
-        op("aten::_foreach_copy_", copy),
-    ]);
+    ops.extend(binary_family!(
+        "sub",
+        BinaryOp::Sub,
+        [List, Scalar, ScalarList]
+    ));
+    ops.extend(binary_family!(
+        "maximum",
+        BinaryOp::Max,
+        [List, Scalar, ScalarList]
+    ));
     ops
 }

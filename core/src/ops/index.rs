@@ -1,15 +1,19 @@
-//! Indexing: advanced indexing (index.Tensor, index_put), scatter and its
-//! reductions, masked fill/select, nonzero; triangular masks, flip, roll.
+//! Indexing reads: advanced indexing (index.Tensor, and index_put, which
+//! shares its host-side index arithmetic), index_select, gather, take,
+//! masked_select, nonzero.
 //!
 //! Index tensors are read back to the host: a bad index must be a clear
 //! error as on CPU, and boolean masks and nonzero have data-dependent
 //! result sizes, so these ops synchronise with the device.
 
-use super::{finish, is_float, op, wrap_dim, Form, OpDef};
+use super::{
+    at_least_1d, broadcast_shapes, broadcast_shapes_of, finish, is_float, wrap_dim, Arith, Form,
+    OpDef,
+};
 use crate::builder::{Arg, Builder, TensorArg};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
+use crate::ir::{CompareDir, Literal, ReduceOp, ValueId};
 
 pub(crate) use crate::builder::host_values;
 
@@ -21,7 +25,7 @@ fn row_major_strides(sizes: &[i64]) -> Vec<i64> {
     strides
 }
 
-fn bytes_of(values: &[i64]) -> Vec<u8> {
+pub(super) fn bytes_of(values: &[i64]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_ne_bytes()).collect()
 }
 
@@ -46,28 +50,6 @@ fn for_each_index(sizes: &[i64], mut f: impl FnMut(&[i64])) {
             index[d] = 0;
         }
     }
-}
-
-/// The broadcast of several shapes, or an error naming them.
-fn broadcast(op: &str, shapes: &[Vec<i64>]) -> Result<Vec<i64>> {
-    let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
-    let mut out = vec![1i64; rank];
-    for shape in shapes {
-        let lead = rank - shape.len();
-        for (i, &s) in shape.iter().enumerate() {
-            let o = &mut out[lead + i];
-            if *o == 1 {
-                *o = s;
-            } else if s != 1 && s != *o {
-                return Err(Error::invalid(
-                    format!("{op}: index shapes"),
-                    "shapes that broadcast together",
-                    format!("{shapes:?}"),
-                ));
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// The element of `values` (of `shape`) seen at `index` of the broadcast shape.
@@ -139,7 +121,7 @@ fn advanced_index(b: &Builder, sizes: &[i64], list_index: usize) -> Result<(Vec<
         .iter()
         .map(|&d| per_dim[d].as_ref().map(|p| p.1.clone()).unwrap_or_default())
         .collect();
-    let bshape = broadcast(b.op_name(), &shapes)?;
+    let bshape = broadcast_shapes_of(b, "index shapes", &shapes)?;
     for &d in &indexed {
         if let Some((values, _)) = &per_dim[d] {
             if let Some(bad) = values.iter().find(|&&v| v < -sizes[d] || v >= sizes[d]) {
@@ -188,6 +170,49 @@ fn advanced_index(b: &Builder, sizes: &[i64], list_index: usize) -> Result<(Vec<
     Ok((out_shape, flat))
 }
 
+/// Row-major flat positions into a tensor of `dims` for every element of
+/// a block of `block` dims: `index` (s64, of `block`) along `dim`, the
+/// element's own coordinate along the other dims.
+pub(super) fn flat_positions(
+    b: &mut Builder,
+    dims: &[i64],
+    block: &[i64],
+    dim: usize,
+    index: ValueId,
+) -> Result<ValueId> {
+    let mut stride = 1i64;
+    let mut flat = b.constant(Literal::Int(0), DType::I64, block);
+    for axis in (0..dims.len()).rev() {
+        let coord = if axis == dim {
+            index
+        } else {
+            b.iota(DType::I64, block, axis)
+        };
+        let s = b.constant(Literal::Int(stride), DType::I64, block);
+        let t = b.mul(coord, s)?;
+        flat = b.add(flat, t)?;
+        stride *= dims[axis];
+    }
+    Ok(flat)
+}
+
+/// The host values of `index`, negative ones wrapped against `size`;
+/// `out_of_range` names a value outside `[-size, size)`.
+pub(super) fn wrapped_indices(
+    index: &TensorArg,
+    size: i64,
+    out_of_range: impl FnOnce(i64) -> Error,
+) -> Result<Vec<i64>> {
+    let values = host_values(index)?;
+    if let Some(&bad) = values.iter().find(|&&v| v < -size || v >= size) {
+        return Err(out_of_range(bad));
+    }
+    Ok(values
+        .iter()
+        .map(|&v| if v < 0 { v + size } else { v })
+        .collect())
+}
+
 /// index.Tensor(self, indices).
 fn index(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
@@ -224,316 +249,171 @@ fn index_put(b: &mut Builder, form: Form) -> Result<()> {
     finish(b, form, out)
 }
 
-/// Flat indices into `self` for scatter/gather-style `index` along `dim`,
-/// after checking the index values on the host.
-fn scatter_indices(
+/// Checks every index is in `[-size, size)`: a bad index is a clear error.
+fn check_indices(b: &mut Builder, index: usize, size: i64) -> Result<()> {
+    let t = b.tensor_arg(index)?;
+    if matches!(t.view.dtype, DType::Bool) || is_float(t.view.dtype) {
+        return Err(b.arg_error(index, "an integer index tensor", t.view.dtype));
+    }
+    let what = format!("{}: index", b.op_name());
+    b.check_range(t, (-size, size), None, |bad| {
+        Error::invalid(
+            what.clone(),
+            format!("indices in [{}, {size})", -size),
+            format!("index {bad} out of range for a dimension of size {size}"),
+        )
+    })
+}
+
+/// Flat storage indices into `x_dims` (row-major) for an output of
+/// `out_dims`, taking `index_value` (s64, of `out_dims`) along `dim` and the
+/// output position elsewhere. Negative indices wrap.
+fn flat_indices(
     b: &mut Builder,
-    self_sizes: &[i64],
-    index: usize,
+    x_dims: &[i64],
+    out_dims: &[i64],
     dim: usize,
-) -> Result<(ValueId, Vec<i64>)> {
-    let t = b.tensor_arg(index)?.clone();
-    let values = host_values(&t)?;
-    let size = self_sizes.get(dim).copied().unwrap_or(1);
-    if let Some(bad) = values.iter().find(|&&v| v < 0 || v >= size) {
-        return Err(Error::invalid(
-            format!("{}: index", b.op_name()),
-            format!("indices in [0, {size})"),
-            format!("index {bad} is out of bounds for dimension {dim} with size {size}"),
-        ));
-    }
-    let ishape = if t.view.sizes.is_empty() {
-        vec![1]
-    } else {
-        t.view.sizes.clone()
-    };
-    let sizes = if self_sizes.is_empty() {
-        vec![1]
-    } else {
-        self_sizes.to_vec()
-    };
-    if ishape.len() != sizes.len()
-        || ishape
-            .iter()
-            .zip(&sizes)
-            .enumerate()
-            .any(|(d, (i, s))| d != dim && i > s)
-    {
-        return Err(b.arg_error(
-            index,
-            format!(
-                "an index of rank {} no larger than self outside dim {dim}",
-                sizes.len()
-            ),
-            format!("{:?}", t.view.sizes),
-        ));
-    }
-    let strides = row_major_strides(&sizes);
-    let idx = b.tensor(index)?;
-    let idx = b.convert(idx, DType::I64);
-    let idx = b.reshape(idx, &ishape)?;
-    let mut acc = b.constant(Literal::Int(0), DType::I64, &ishape);
-    for (d, &stride) in strides.iter().enumerate() {
-        let coord = if d == dim {
-            idx
-        } else {
-            b.iota(DType::I64, &ishape, d)
-        };
-        let s = b.constant(Literal::Int(stride), DType::I64, &ishape);
-        let term = b.binary(BinaryOp::Mul, coord, s)?;
-        acc = b.binary(BinaryOp::Add, acc, term)?;
-    }
-    Ok((acc, ishape))
-}
-
-/// The scatter source: tensor `src` (sliced to the index shape) or a scalar.
-fn scatter_source(b: &mut Builder, src: usize, dtype: DType, ishape: &[i64]) -> Result<ValueId> {
-    if b.is_scalar(src) {
-        let v = b.scalar_arg(src, dtype)?;
-        return b.broadcast_to(v, ishape);
-    }
-    let sview = b.tensor_arg(src)?.view.clone();
-    let s = b.tensor(src)?;
-    let s = b.convert(s, dtype);
-    let sdims = if sview.sizes.is_empty() {
-        vec![1]
-    } else {
-        sview.sizes.clone()
-    };
-    let s = b.reshape(s, &sdims)?;
-    if sdims.iter().zip(ishape).any(|(a, i)| a < i) {
-        return Err(b.arg_error(
-            src,
-            format!("a source at least as large as the index {ishape:?}"),
-            format!("{:?}", sview.sizes),
-        ));
-    }
-    Ok(b.slice(s, &vec![0; ishape.len()], ishape, &vec![1; ishape.len()]))
-}
-
-/// scatter(self, dim, index, src|value[, reduce]) and scatter_add, with
-/// `reduce` from a string argument at `reduce_index`.
-fn scatter(b: &mut Builder, form: Form, reduce_index: Option<usize>, add: bool) -> Result<()> {
-    let view = b.tensor_arg(0)?.view.clone();
-    let dim = wrap_dim(b, b.int_arg(1)?, view.sizes.len())?;
-    let combine = if add {
-        Some(ReduceOp::Sum)
-    } else {
-        match reduce_index.map(|i| b.arg(i)).transpose()? {
-            None | Some(Arg::None) => None,
-            Some(Arg::Str(s)) if s == "add" || s == "sum" => Some(ReduceOp::Sum),
-            Some(Arg::Str(s)) if s == "multiply" || s == "prod" => Some(ReduceOp::Prod),
-            Some(other) => {
-                return Err(b.arg_error(
-                    reduce_index.unwrap_or(4),
-                    "reduce='add' or 'multiply'",
-                    other.kind(),
-                ))
-            }
-        }
-    };
-    let (idx, ishape) = scatter_indices(b, &view.sizes, 2, dim)?;
-    let src = scatter_source(b, 3, view.dtype, &ishape)?;
-    let x = b.tensor(0)?;
-    let n = view.numel() as i64;
-    let xf = b.reshape(x, &[n])?;
-    let out = b.flat_scatter(xf, idx, src, combine);
-    let out = b.reshape(out, &view.sizes)?;
-    finish(b, form, out)
-}
-
-/// scatter_reduce.two(self, dim, index, src, reduce, *, include_self).
-fn scatter_reduce(b: &mut Builder, form: Form) -> Result<()> {
-    let view = b.tensor_arg(0)?.view.clone();
-    let dim = wrap_dim(b, b.int_arg(1)?, view.sizes.len())?;
-    let (idx, ishape) = scatter_indices(b, &view.sizes, 2, dim)?;
-    let src = scatter_source(b, 3, view.dtype, &ishape)?;
-    let out = reduce_into(b, idx, src, 4, 5)?;
-    finish(b, form, out)
-}
-
-/// Self (argument 0) with `src` reduced into the flat positions `idx` by
-/// the reduce string at `reduce_index` (sum, prod, mean, amax, amin) and
-/// include_self at `include_index`, shaped as self. Shared by scatter_reduce
-/// and index_reduce.
-pub(super) fn reduce_into(
-    b: &mut Builder,
-    idx: ValueId,
-    src: ValueId,
-    reduce_index: usize,
-    include_index: usize,
+    index_value: ValueId,
 ) -> Result<ValueId> {
-    let view = b.tensor_arg(0)?.view.clone();
-    let reduce = match b.arg(reduce_index)? {
-        Arg::Str(s) => s.clone(),
-        other => return Err(b.arg_error(reduce_index, "a reduce string", other.kind())),
-    };
-    let include_self = b.bool_arg(include_index)?;
-    let op = match reduce.as_str() {
-        "sum" | "mean" => ReduceOp::Sum,
-        "prod" => ReduceOp::Prod,
-        "amax" => ReduceOp::Max,
-        "amin" => ReduceOp::Min,
-        other => {
-            return Err(b.arg_error(
-                reduce_index,
-                "reduce 'sum', 'prod', 'mean', 'amax' or 'amin'",
-                format!("{other:?}"),
-            ))
-        }
-    };
-    let n = view.numel() as i64;
-    let x = b.tensor(0)?;
-    let xf = b.reshape(x, &[n])?;
-    // Positions the index hits at least once.
-    let zeros_i = b.constant(Literal::Int(0), DType::I64, &[n]);
-    let ones_i = b.constant(Literal::Int(1), DType::I64, &b.dims(src));
-    let hits = b.flat_scatter_add(zeros_i, idx, ones_i);
-    let zero_i = b.constant(Literal::Int(0), DType::I64, &[n]);
-    let hit = b.compare(CompareDir::Gt, hits, zero_i)?;
-    let base = if include_self {
-        xf
-    } else {
-        // Start hit positions from the reduction's identity.
-        let identity = match (op, is_float(view.dtype)) {
-            (ReduceOp::Sum, _) => Literal::Int(0),
-            (ReduceOp::Prod, _) => Literal::Int(1),
-            (ReduceOp::Max, true) => Literal::Float(f64::NEG_INFINITY),
-            (ReduceOp::Max, false) => Literal::Int(i64::MIN),
-            (_, true) => Literal::Float(f64::INFINITY),
-            (_, false) => Literal::Int(i64::MAX),
-        };
-        let id = b.constant(identity, view.dtype, &[n]);
-        b.select(hit, id, xf)?
-    };
-    let mut out = b.flat_scatter(base, idx, src, Some(op));
-    if reduce == "mean" {
-        let count = b.convert(hits, view.dtype);
-        let count = if include_self {
-            let one = b.constant(Literal::Int(1), view.dtype, &[n]);
-            b.binary(BinaryOp::Add, count, one)?
-        } else {
-            count
-        };
-        let one = b.constant(Literal::Int(1), view.dtype, &[n]);
-        let safe = b.select(hit, count, one)?;
-        out = if is_float(view.dtype) {
-            b.binary(BinaryOp::Div, out, safe)?
-        } else {
-            // Integer means round down, as in ATen.
-            let q = b.binary(BinaryOp::Div, out, safe)?;
-            let r = b.binary(BinaryOp::Rem, out, safe)?;
-            let zero = b.constant(Literal::Int(0), view.dtype, &[n]);
-            let inexact = b.compare(CompareDir::Ne, r, zero)?;
-            let negative = b.compare(CompareDir::Lt, out, zero)?;
-            let adjust = b.binary(BinaryOp::And, inexact, negative)?;
-            let one = b.constant(Literal::Int(1), view.dtype, &[n]);
-            let q1 = b.binary(BinaryOp::Sub, q, one)?;
-            b.select(adjust, q1, q)?
-        };
-    }
-    b.reshape(out, &view.sizes)
+    let size = b.constant(Literal::Int(x_dims[dim]), DType::I64, out_dims);
+    let zero = b.constant(Literal::Int(0), DType::I64, out_dims);
+    let negative = b.compare(CompareDir::Lt, index_value, zero)?;
+    let wrapped = b.add(index_value, size)?;
+    let index_value = b.select(negative, wrapped, index_value)?;
+    flat_positions(b, x_dims, out_dims, dim, index_value)
 }
 
-/// masked_scatter(self, mask, source): source's leading elements, in
-/// order, where mask is set (synchronises to read the mask).
-fn masked_scatter(b: &mut Builder, form: Form) -> Result<()> {
+fn index_select(b: &mut Builder) -> Result<()> {
+    let x_view = b.tensor_arg(0)?.view.clone();
+    let index_view = b.tensor_arg(2)?.view.clone();
+    if index_view.sizes.len() > 1 {
+        return Err(b.arg_error(
+            2,
+            "a 0-D or 1-D index",
+            format!("{}-D", index_view.sizes.len()),
+        ));
+    }
+    let x_dims = at_least_1d(&x_view.sizes);
+    let dim = wrap_dim(b, b.int_arg(1)?, x_view.sizes.len())?;
+    check_indices(b, 2, x_dims[dim])?;
+    let count = index_view.numel() as i64;
+    let mut out_dims = x_dims.clone();
+    out_dims[dim] = count;
+    let idx = b.tensor(2)?;
+    let idx = b.convert(idx, DType::I64);
+    let idx = b.reshape(idx, &[count])?;
+    let idx = b.broadcast_in_dim(idx, &out_dims, &[dim as i64]);
+    let flat_index = flat_indices(b, &x_dims, &out_dims, dim, idx)?;
+    let x = b.tensor(0)?;
+    let flat = b.reshape(x, &[x_view.numel() as i64])?;
+    let out = b.flat_gather(flat, flat_index);
+    let final_dims = if x_view.sizes.is_empty() {
+        vec![]
+    } else {
+        out_dims
+    };
+    let out = b.reshape(out, &final_dims)?;
+    b.output(out)
+}
+
+fn gather(b: &mut Builder) -> Result<()> {
+    let x_view = b.tensor_arg(0)?.view.clone();
+    let index_view = b.tensor_arg(2)?.view.clone();
+    let rank = x_view.sizes.len();
+    let dim = wrap_dim(b, b.int_arg(1)?, rank)?;
+    if index_view.numel() == 0 {
+        // An empty index selects nothing, whatever its rank (as in ATen).
+        let out = b.constant(Literal::Int(0), x_view.dtype, &index_view.sizes);
+        return b.output(out);
+    }
+    // A 0-d tensor counts as 1-D here, as in ATen.
+    let (x_dims, out_dims) = (at_least_1d(&x_view.sizes), at_least_1d(&index_view.sizes));
+    if out_dims.len() != x_dims.len() {
+        return Err(b.arg_error(
+            2,
+            format!("an index of rank {rank}"),
+            format!("rank {}", index_view.sizes.len()),
+        ));
+    }
+    for d in 0..x_dims.len() {
+        if d != dim && out_dims[d] > x_dims[d] {
+            return Err(b.arg_error(
+                2,
+                format!("size <= {} in dimension {d}", x_dims[d]),
+                out_dims[d],
+            ));
+        }
+    }
+    check_indices(b, 2, x_dims[dim])?;
+    let idx = b.tensor(2)?;
+    let idx = b.convert(idx, DType::I64);
+    let idx = b.reshape(idx, &out_dims)?;
+    let flat_index = flat_indices(b, &x_dims, &out_dims, dim, idx)?;
+    let x = b.tensor(0)?;
+    let flat = b.reshape(x, &[x_view.numel() as i64])?;
+    let out = b.flat_gather(flat, flat_index);
+    let out = b.reshape(out, &index_view.sizes)?;
+    b.output(out)
+}
+
+/// take(self, index): elements of the flattened input.
+fn take(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
+    let index = b.tensor_arg(1)?.clone();
+    let n = view.numel() as i64;
+    let wrapped = wrapped_indices(&index, n, |bad| {
+        Error::invalid(
+            "aten::take: index",
+            format!("indices in [{}, {n})", -n),
+            format!("index {bad} is out of range"),
+        )
+    })?;
+    let idx = b.host_tensor(bytes_of(&wrapped), DType::I64, &index.view.sizes);
+    let x = b.tensor(0)?;
+    let flat = b.reshape(x, &[n])?;
+    let out = b.flat_gather(flat, idx);
+    b.output(out)
+}
+
+/// The bool mask (argument 1) and the shape it and self (argument 0)
+/// broadcast to, which in place must be self's.
+pub(super) fn bool_mask(b: &Builder, form: Form) -> Result<(TensorArg, Vec<i64>)> {
+    let sizes = b.tensor_arg(0)?.view.sizes.clone();
     let mask = b.tensor_arg(1)?.clone();
     if mask.view.dtype != DType::Bool {
         return Err(b.arg_error(1, "a bool mask", mask.view.dtype));
     }
-    let shape = broadcast(b.op_name(), &[view.sizes.clone(), mask.view.sizes.clone()])?;
-    if form == Form::InPlace && shape != view.sizes {
+    let shape = broadcast_shapes(b, &[sizes.clone(), mask.view.sizes.clone()])?;
+    if form == Form::InPlace && shape != sizes {
         return Err(b.arg_error(
             1,
-            format!("a mask broadcastable to {:?}", view.sizes),
+            format!("a mask broadcastable to {sizes:?}"),
             format!("{:?}", mask.view.sizes),
         ));
     }
-    let values = host_values(&mask)?;
+    Ok((mask, shape))
+}
+
+/// The row-major positions in `shape` where `mask`, broadcast to it, is
+/// set (read on the host).
+pub(super) fn mask_positions(mask: &TensorArg, shape: &[i64]) -> Result<Vec<i64>> {
+    let values = host_values(mask)?;
     let mut positions = Vec::new();
     let mut k = 0i64;
-    for_each_index(&shape, |idx| {
+    for_each_index(shape, |idx| {
         if broadcast_get(&values, &mask.view.sizes, idx) != 0 {
             positions.push(k);
         }
         k += 1;
     });
-    let source_numel = b.tensor_arg(2)?.view.numel() as i64;
-    let count = positions.len() as i64;
-    if count > source_numel {
-        return Err(b.arg_error(
-            2,
-            format!("at least {count} elements (the mask's set count)"),
-            source_numel,
-        ));
-    }
-    let x = b.tensor(0)?;
-    let x = b.broadcast_to(x, &shape)?;
-    let n: i64 = shape.iter().product();
-    let xf = b.reshape(x, &[n])?;
-    let src = b.tensor(2)?;
-    let src = b.convert(src, view.dtype);
-    let src = b.reshape(src, &[source_numel])?;
-    let src = b.slice(src, &[0], &[count], &[1]);
-    let idx = b.host_tensor(bytes_of(&positions), DType::I64, &[count]);
-    let out = b.flat_scatter(xf, idx, src, None);
-    let out = b.reshape(out, &shape)?;
-    finish(b, form, out)
-}
-
-/// masked_fill(self, mask, value): value where mask, else self.
-fn masked_fill(b: &mut Builder, form: Form) -> Result<()> {
-    let view = b.tensor_arg(0)?.view.clone();
-    let mask_dtype = b.tensor_arg(1)?.view.dtype;
-    if mask_dtype != DType::Bool {
-        return Err(b.arg_error(1, "a bool mask", mask_dtype));
-    }
-    let x = b.tensor(0)?;
-    let m = b.tensor(1)?;
-    let v = if b.is_scalar(2) {
-        b.scalar_arg(2, view.dtype)?
-    } else {
-        let t = b.tensor_arg(2)?.view.clone();
-        if !t.sizes.is_empty() {
-            return Err(b.arg_error(2, "a 0-dimensional value", format!("sizes {:?}", t.sizes)));
-        }
-        let v = b.tensor(2)?;
-        b.convert(v, view.dtype)
-    };
-    let shape = super::broadcast_shapes(b, &[view.sizes.clone(), b.dims(m)])?;
-    if form == Form::InPlace && shape != view.sizes {
-        return Err(b.arg_error(
-            1,
-            format!("a mask broadcastable to {:?}", view.sizes),
-            format!("{:?}", b.dims(m)),
-        ));
-    }
-    let x = b.broadcast_to(x, &shape)?;
-    let m = b.broadcast_to(m, &shape)?;
-    let v = b.broadcast_to(v, &shape)?;
-    let out = b.select(m, v, x)?;
-    finish(b, form, out)
+    Ok(positions)
 }
 
 /// masked_select(self, mask): the selected elements, 1-D (synchronises).
 fn masked_select(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
-    let mask = b.tensor_arg(1)?.clone();
-    if mask.view.dtype != DType::Bool {
-        return Err(b.arg_error(1, "a bool mask", mask.view.dtype));
-    }
-    let shape = broadcast(b.op_name(), &[view.sizes.clone(), mask.view.sizes.clone()])?;
-    let values = host_values(&mask)?;
-    let mut picked = Vec::new();
-    let mut k = 0i64;
-    for_each_index(&shape, |idx| {
-        if broadcast_get(&values, &mask.view.sizes, idx) != 0 {
-            picked.push(k);
-        }
-        k += 1;
-    });
+    let (mask, shape) = bool_mask(b, Form::Functional)?;
+    let picked = mask_positions(&mask, &shape)?;
     let x = b.tensor(0)?;
     let x = b.broadcast_to(x, &shape)?;
     let total: i64 = shape.iter().product();
@@ -590,144 +470,18 @@ fn nonzero(b: &mut Builder) -> Result<()> {
     b.output(out)
 }
 
-/// tril (`lower`) / triu(self, diagonal) on the last two dims.
-fn triangle(b: &mut Builder, lower: bool, form: Form) -> Result<()> {
-    let view = b.tensor_arg(0)?.view.clone();
-    let r = view.sizes.len();
-    if r < 2 {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "at least 2 dimensions",
-            format!("{:?}", view.sizes),
-        ));
-    }
-    let k = b.int_arg(1)?;
-    let x = b.tensor(0)?;
-    let row = b.iota(DType::I64, &view.sizes, r - 2);
-    let col = b.iota(DType::I64, &view.sizes, r - 1);
-    let diff = b.binary(BinaryOp::Sub, col, row)?;
-    let kv = b.constant(Literal::Int(k), DType::I64, &view.sizes);
-    let keep = b.compare(
-        if lower {
-            CompareDir::Le
-        } else {
-            CompareDir::Ge
-        },
-        diff,
-        kv,
-    )?;
-    let zero = b.constant(Literal::Int(0), view.dtype, &view.sizes);
-    let out = b.select(keep, x, zero)?;
-    finish(b, form, out)
-}
-
-fn flip(b: &mut Builder) -> Result<()> {
-    let view = b.tensor_arg(0)?.view.clone();
-    let dims = b.int_list_arg(1)?;
-    let mut wrapped: Vec<i64> = dims
-        .iter()
-        .map(|&d| wrap_dim(b, d, view.sizes.len()).map(|v| v as i64))
-        .collect::<Result<_>>()?;
-    wrapped.sort();
-    wrapped.dedup();
-    let x = b.tensor(0)?;
-    let out = if view.sizes.is_empty() {
-        x
-    } else {
-        b.reverse(x, &wrapped)
-    };
-    b.output(out)
-}
-
-/// roll(self, shifts, dims): with no dims, rolls the flattened tensor.
-fn roll(b: &mut Builder) -> Result<()> {
-    let view = b.tensor_arg(0)?.view.clone();
-    let shifts = b.int_list_arg(1)?;
-    let dims = b.int_list_arg(2).unwrap_or_default();
-    let mut x = b.tensor(0)?;
-    let (work, pairs): (Vec<i64>, Vec<(i64, usize)>) = if dims.is_empty() {
-        if shifts.len() != 1 {
-            return Err(b.arg_error(1, "one shift when dims is empty", shifts.len()));
-        }
-        (vec![view.numel() as i64], vec![(shifts[0], 0)])
-    } else {
-        if shifts.len() != dims.len() {
-            return Err(b.arg_error(
-                1,
-                format!("{} shifts (one per dim)", dims.len()),
-                shifts.len(),
-            ));
-        }
-        let pairs = shifts
-            .iter()
-            .zip(&dims)
-            .map(|(&s, &d)| wrap_dim(b, d, view.sizes.len()).map(|d| (s, d)))
-            .collect::<Result<_>>()?;
-        (view.sizes.clone(), pairs)
-    };
-    x = b.reshape(x, &work)?;
-    for (shift, d) in pairs {
-        let n = work[d];
-        if n == 0 {
-            continue;
-        }
-        let s = shift.rem_euclid(n);
-        if s == 0 {
-            continue;
-        }
-        let zeros = vec![0; work.len()];
-        let ones = vec![1; work.len()];
-        let mut tail_start = zeros.clone();
-        tail_start[d] = n - s;
-        let mut head_limit = work.clone();
-        head_limit[d] = n - s;
-        let tail = b.slice(x, &tail_start, &work, &ones);
-        let head = b.slice(x, &zeros, &head_limit, &ones);
-        x = b.concat(&[tail, head], d)?;
-    }
-    let out = b.reshape(x, &view.sizes)?;
-    b.output(out)
-}
-
 pub(super) fn ops() -> Vec<OpDef> {
     use Form::{Functional as F, InPlace as I};
-    vec![
-        op("aten::index.Tensor", index),
-        op("aten::index.Tensor_out", index),
-        op("aten::index_put", |b| index_put(b, F)),
-        op("aten::index_put_", |b| index_put(b, I)),
-        op("aten::_index_put_impl_", |b| index_put(b, I)),
-        op("aten::scatter.src", |b| scatter(b, F, None, false)),
-        op("aten::scatter_.src", |b| scatter(b, I, None, false)),
-        op("aten::scatter.value", |b| scatter(b, F, None, false)),
-        op("aten::scatter_.value", |b| scatter(b, I, None, false)),
-        op("aten::scatter.reduce", |b| scatter(b, F, Some(4), false)),
-        op("aten::scatter_.reduce", |b| scatter(b, I, Some(4), false)),
-        op("aten::scatter.value_reduce", |b| {
-            scatter(b, F, Some(4), false)
-        }),
-        op("aten::scatter_.value_reduce", |b| {
-            scatter(b, I, Some(4), false)
-        }),
-        op("aten::scatter_add", |b| scatter(b, F, None, true)),
-        op("aten::scatter_add_", |b| scatter(b, I, None, true)),
-        op("aten::scatter_reduce.two", |b| scatter_reduce(b, F)),
-        op("aten::scatter_reduce_.two", |b| scatter_reduce(b, I)),
-        op("aten::masked_fill.Scalar", |b| masked_fill(b, F)),
-        op("aten::masked_fill_.Scalar", |b| masked_fill(b, I)),
-        op("aten::masked_fill.Tensor", |b| masked_fill(b, F)),
-        op("aten::masked_fill_.Tensor", |b| masked_fill(b, I)),
-        op("aten::masked_select", masked_select),
-        op("aten::masked_scatter", |b| masked_scatter(b, F)),
-        op("aten::masked_scatter_", |b| masked_scatter(b, I)),
-        op("aten::nonzero", nonzero),
-        op("aten::tril", |b| triangle(b, true, F)),
-        op("aten::tril.out", |b| triangle(b, true, F)),
-        op("aten::tril_", |b| triangle(b, true, I)),
-        op("aten::triu", |b| triangle(b, false, F)),
-        op("aten::triu.out", |b| triangle(b, false, F)),
-        op("aten::triu_", |b| triangle(b, false, I)),
-        op("aten::flip", flip),
-        op("aten::roll", roll),
-    ]
+    let mut ops = vec![
+        op!("aten::index_put", index_put(F)),
+        op!("aten::index_put_", index_put(I)),
+        op!("aten::_index_put_impl_", index_put(I)),
+        op!("aten::masked_select", masked_select()),
+        op!("aten::nonzero", nonzero()),
+    ];
+    ops.extend(out_overloads!("aten::index", ["Tensor"], index()));
+    ops.extend(with_out!("aten::index_select", index_select()));
+    ops.extend(with_out!("aten::gather", gather()));
+    ops.extend(with_out!("aten::take", take()));
+    ops
 }

@@ -1,32 +1,121 @@
 //! The op table: ATen schema name → lowering onto a `Builder`, with
 //! PyTorch's type promotion and broadcasting.
 //!
+//! One file per op family. Each family's `ops()` lists its table entries
+//! declaratively: an entry names the schema and calls the family lowering
+//! with a typed kind (`Unary::Sin`, `ReduceOp::Max`, ...) and, for ops with
+//! an in-place variant, its `Form`, so no lowering reads its own op name to
+//! decide what to compute.
+//!
 //! `.out` overloads lower like their functional form and return a new
 //! tensor; the PyTorch shim resizes and fills the `out=` tensor from it, so
 //! out semantics live in one place.
 
+/// One table entry: `op!("aten::mm", mm())` lowers with `mm(b)`,
+/// `op!("aten::amax", amax_amin(ReduceOp::Max))` with
+/// `amax_amin(b, ReduceOp::Max)`.
+/// The non-capturing closure coerces to `OpDef::lower`'s fn pointer.
+macro_rules! op {
+    ($name:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        $crate::ops::OpDef {
+            name: $name,
+            lower: |b| $f(b $(, $arg)*),
+        }
+    };
+}
+
+/// `name` and `name.out`, both lowered by `f(b, args..)`.
+macro_rules! with_out {
+    ($name:literal, $f:ident $args:tt) => {
+        [op!($name, $f $args), op!(concat!($name, ".out"), $f $args)]
+    };
+}
+
+/// `name`, `name.out` (functional) and `name_` (in place), lowered by
+/// `f(b, args.., form)`.
+macro_rules! forms {
+    ($name:literal, $f:ident($($arg:expr),* $(,)?)) => {
+        [
+            op!($name, $f($($arg,)* $crate::ops::Form::Functional)),
+            op!(concat!($name, ".out"), $f($($arg,)* $crate::ops::Form::Functional)),
+            op!(concat!($name, "_"), $f($($arg,)* $crate::ops::Form::InPlace)),
+        ]
+    };
+}
+
+/// `name` and `name.out`, lowered by `f(b, args.., Pass::Forward)`, and
+/// `name_backward` and `name_backward.grad_input`, by
+/// `f(b, args.., Pass::Backward)`.
+macro_rules! with_backward {
+    ($name:literal, $f:ident($($arg:expr),* $(,)?)) => {
+        [
+            op!($name, $f($($arg,)* $crate::ops::Pass::Forward)),
+            op!(concat!($name, ".out"), $f($($arg,)* $crate::ops::Pass::Forward)),
+            op!(concat!($name, "_backward"), $f($($arg,)* $crate::ops::Pass::Backward)),
+            op!(
+                concat!($name, "_backward.grad_input"),
+                $f($($arg,)* $crate::ops::Pass::Backward)
+            ),
+        ]
+    };
+}
+
+/// Per overload `o`: `name.o` and `name.o_out` (functional) and `name_.o`
+/// (in place), lowered by `f(b, args.., form)`.
+macro_rules! overloads {
+    ($name:literal, [$($o:literal),+], $f:ident $args:tt) => {
+        [$(
+            form_entry!(concat!($name, ".", $o), Functional, $f $args),
+            form_entry!(concat!($name, ".", $o, "_out"), Functional, $f $args),
+            form_entry!(concat!($name, "_.", $o), InPlace, $f $args),
+        )+]
+    };
+}
+
+/// Per overload `o`: `name.o` and `name.o_out`, lowered by `f(b, args..)`.
+macro_rules! out_overloads {
+    ($name:literal, [$($o:literal),+], $f:ident $args:tt) => {
+        [$(
+            op!(concat!($name, ".", $o), $f $args),
+            op!(concat!($name, ".", $o, "_out"), $f $args),
+        )+]
+    };
+}
+
+/// One entry lowered by `f(b, args.., Form::form)`.
+macro_rules! form_entry {
+    ($name:expr, $form:ident, $f:ident($($arg:expr),* $(,)?)) => {
+        op!($name, $f($($arg,)* $crate::ops::Form::$form))
+    };
+}
+
 mod activation;
+mod binary;
+mod compare;
 mod conv;
-mod extra;
+mod factory;
 mod foreach;
 pub(crate) mod index;
 mod linalg;
-mod math;
-mod misc;
-mod more;
-mod nn;
-mod norm;
-mod pointwise;
+mod loss;
+mod normalization;
+mod padding;
 mod pool;
+mod random;
 mod reduce;
 mod resample;
+mod scatter;
+mod shape;
+mod softmax;
+mod sort;
+mod unary;
 
 use std::sync::OnceLock;
 
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::ValueId;
+use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
 
 /// One ATen op rtpu runs natively.
 pub struct OpDef {
@@ -38,29 +127,50 @@ pub struct OpDef {
 pub fn table() -> &'static [OpDef] {
     static TABLE: OnceLock<Vec<OpDef>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let mut all = Vec::new();
-        all.extend(pointwise::ops());
-        all.extend(reduce::ops());
-        all.extend(linalg::ops());
-        all.extend(nn::ops());
-        all.extend(misc::ops());
-        all.extend(foreach::ops());
-        all.extend(activation::ops());
-        all.extend(norm::ops());
-        all.extend(conv::ops());
-        all.extend(pool::ops());
-        all.extend(math::ops());
-        all.extend(index::ops());
-        all.extend(resample::ops());
-        all.extend(extra::ops());
-        all.extend(more::ops());
-        all
+        [
+            unary::ops,
+            binary::ops,
+            compare::ops,
+            activation::ops,
+            softmax::ops,
+            loss::ops,
+            reduce::ops,
+            sort::ops,
+            linalg::ops,
+            index::ops,
+            scatter::ops,
+            shape::ops,
+            factory::ops,
+            random::ops,
+            normalization::ops,
+            padding::ops,
+            conv::ops,
+            pool::ops,
+            resample::ops,
+            foreach::ops,
+        ]
+        .into_iter()
+        .flat_map(|family| family())
+        .collect()
     })
 }
 
-/// Shorthand for table entries.
-pub(crate) fn op(name: &'static str, lower: fn(&mut Builder) -> Result<()>) -> OpDef {
-    OpDef { name, lower }
+/// Which pass a lowering shared by an op and its backward computes; the
+/// backward's arguments start with the gradient.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pass {
+    Forward,
+    Backward,
+}
+
+impl Pass {
+    /// Where the forward's arguments start: after the backward's gradient.
+    pub(crate) fn first_arg(self) -> usize {
+        match self {
+            Pass::Forward => 0,
+            Pass::Backward => 1,
+        }
+    }
 }
 
 /// Where a lowered result goes: a new tensor, or argument 0 in place.
@@ -231,6 +341,15 @@ pub(crate) fn operand(b: &mut Builder, index: usize, dtype: DType) -> Result<Val
 
 /// The broadcast shape of several shapes (NumPy rules), or a clear error.
 pub(crate) fn broadcast_shapes(b: &Builder, shapes: &[Vec<i64>]) -> Result<Vec<i64>> {
+    broadcast_shapes_of(b, "shapes", shapes)
+}
+
+/// `broadcast_shapes`, naming the shapes `what` in its error.
+pub(crate) fn broadcast_shapes_of(
+    b: &Builder,
+    what: &str,
+    shapes: &[Vec<i64>],
+) -> Result<Vec<i64>> {
     let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
     let mut out = vec![1i64; rank];
     for shape in shapes {
@@ -241,7 +360,7 @@ pub(crate) fn broadcast_shapes(b: &Builder, shapes: &[Vec<i64>]) -> Result<Vec<i
                 *o = s;
             } else if s != 1 && s != *o {
                 return Err(Error::invalid(
-                    format!("{}: shapes", b.op_name()),
+                    format!("{}: {what}", b.op_name()),
                     "shapes that broadcast together",
                     format!("{shapes:?} (size {s} against {o} at dim {})", lead + i),
                 ));
@@ -300,6 +419,245 @@ pub(crate) fn wrap_dim(b: &Builder, dim: i64, rank: usize) -> Result<usize> {
     Ok(d as usize)
 }
 
+/// Arguments `indices.0` and `indices.1` (tensors or scalars) as `dtype`,
+/// broadcast together.
+pub(crate) fn operand_pair(
+    b: &mut Builder,
+    indices: (usize, usize),
+    dtype: DType,
+) -> Result<(ValueId, ValueId)> {
+    let x = operand(b, indices.0, dtype)?;
+    let y = operand(b, indices.1, dtype)?;
+    let [x, y] = broadcast_all(b, &[x, y])?[..] else {
+        unreachable!("two values in, two out")
+    };
+    Ok((x, y))
+}
+
+/// Arguments 0 and 1 promoted (integers to float32 when `float`) and
+/// broadcast, converted to float32 for 16-bit inputs; and the result dtype.
+pub(crate) fn binary_operands(b: &mut Builder, float: bool) -> Result<(ValueId, ValueId, DType)> {
+    let promoted = result_type(b, &[0, 1])?;
+    let dtype = if float && !is_float(promoted) {
+        DType::F32
+    } else {
+        promoted
+    };
+    let (x, y) = operand_pair(b, (0, 1), dtype)?;
+    let acc = accumulate_dtype(dtype);
+    Ok((b.convert(x, acc), b.convert(y, acc), dtype))
+}
+
+/// The dtype sums and 16-bit float math accumulate in: float32 for 16-bit
+/// floats, as ATen's CPU kernels do.
+pub(crate) fn accumulate_dtype(dtype: DType) -> DType {
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        DType::F32
+    } else {
+        dtype
+    }
+}
+
+/// The float type random draws and float ranges compute in: float64 for
+/// float64, float32 otherwise.
+pub(crate) fn wide_float(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// Errors unless `dtype` (of the op's `what`) is a floating point type.
+pub(crate) fn require_float(b: &Builder, what: &str, dtype: DType) -> Result<()> {
+    if !is_float(dtype) {
+        return Err(Error::invalid(
+            format!("{}: {what}", b.op_name()),
+            "a floating point tensor",
+            dtype,
+        ));
+    }
+    Ok(())
+}
+
+/// Float tensor argument `index`: its value, dtype and sizes.
+pub(crate) fn float_input(b: &mut Builder, index: usize) -> Result<(ValueId, DType, Vec<i64>)> {
+    let view = b.tensor_arg(index)?.view.clone();
+    require_float(b, "input", view.dtype)?;
+    let x = b.tensor(index)?;
+    Ok((x, view.dtype, view.sizes))
+}
+
+/// Sizes with a 0-d tensor counted as 1-D, as ATen's dim-wise ops do.
+pub(crate) fn at_least_1d(sizes: &[i64]) -> Vec<i64> {
+    if sizes.is_empty() {
+        vec![1]
+    } else {
+        sizes.to_vec()
+    }
+}
+
+/// `sizes` with the `reduced` dims kept as size 1 (keepdim).
+pub(crate) fn keepdim_shape(sizes: &[i64], reduced: &[i64]) -> Vec<i64> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(d, &s)| if reduced.contains(&(d as i64)) { 1 } else { s })
+        .collect()
+}
+
+/// `value`, reduced over `reduced` dims of `sizes`, reshaped to keep them
+/// as size 1 when `keepdim`.
+pub(crate) fn keep_dims(
+    b: &mut Builder,
+    value: ValueId,
+    sizes: &[i64],
+    reduced: &[i64],
+    keepdim: bool,
+) -> Result<ValueId> {
+    if keepdim {
+        b.reshape(value, &keepdim_shape(sizes, reduced))
+    } else {
+        Ok(value)
+    }
+}
+
+/// The sizes after reducing dim `d` of `sizes`: kept as 1 with keepdim,
+/// dropped otherwise.
+pub(crate) fn reduced_shape(sizes: &[i64], d: usize, keepdim: bool) -> Vec<i64> {
+    if keepdim {
+        keepdim_shape(sizes, &[d as i64])
+    } else {
+        sizes
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| *k != d)
+            .map(|(_, &s)| s)
+            .collect()
+    }
+}
+
+/// The reduced dims from an optional dim list (None or [] = all dims).
+pub(crate) fn reduce_dims(b: &Builder, index: usize, rank: usize) -> Result<Vec<i64>> {
+    let dims = match b.arg(index).ok() {
+        None | Some(Arg::None) => None,
+        Some(_) => Some(b.int_list_arg(index)?),
+    };
+    match dims {
+        Some(d) if !d.is_empty() => {
+            let mut out = wrap_dims(b, &d, rank)?;
+            out.sort();
+            out.dedup();
+            // A 0-d tensor accepts dim 0 or -1 and has nothing to reduce.
+            if rank == 0 {
+                out.clear();
+            }
+            Ok(out)
+        }
+        _ => Ok((0..rank as i64).collect()),
+    }
+}
+
+/// Every dim of a tensor of rank `rank`.
+pub(crate) fn all_dims(rank: usize) -> Vec<i64> {
+    (0..rank as i64).collect()
+}
+
+/// `dims`, each normalised against `rank`.
+pub(crate) fn wrap_dims(b: &Builder, dims: &[i64], rank: usize) -> Result<Vec<i64>> {
+    dims.iter()
+        .map(|&d| wrap_dim(b, d, rank).map(|v| v as i64))
+        .collect()
+}
+
+/// `x` reduced by `op` over `dims` (of `sizes`), kept as size 1 when
+/// `keepdim`.
+pub(crate) fn reduced(
+    b: &mut Builder,
+    x: ValueId,
+    op: ReduceOp,
+    dims: &[i64],
+    keepdim: bool,
+    sizes: &[i64],
+) -> Result<ValueId> {
+    let out = b.reduce(x, op, dims);
+    keep_dims(b, out, sizes, dims, keepdim)
+}
+
+/// Scalar argument `index` as `dtype`, broadcast to `dims`.
+pub(crate) fn broadcast_scalar(
+    b: &mut Builder,
+    index: usize,
+    dtype: DType,
+    dims: &[i64],
+) -> Result<ValueId> {
+    let v = b.scalar_arg(index, dtype)?;
+    b.broadcast_to(v, dims)
+}
+
+/// Errors when the dim an op picks from (of `size`) is empty.
+pub(crate) fn require_nonempty_dim(b: &Builder, size: i64, sizes: &[i64]) -> Result<()> {
+    if size == 0 {
+        return Err(Error::invalid(
+            format!("{}: input", b.op_name()),
+            "a non-empty dimension",
+            format!("sizes {sizes:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Outputs `value(b)` when `wanted` (a backward's output_mask entry), an
+/// undefined tensor otherwise.
+pub(crate) fn output_if(
+    b: &mut Builder,
+    wanted: bool,
+    value: impl FnOnce(&mut Builder) -> Result<ValueId>,
+) -> Result<()> {
+    if wanted {
+        let v = value(b)?;
+        b.output(v)
+    } else {
+        b.none_output();
+        Ok(())
+    }
+}
+
+/// Elementwise arithmetic on same-shaped values, for lowerings that read
+/// as formulas.
+pub(crate) trait Arith {
+    fn add(&mut self, x: ValueId, y: ValueId) -> Result<ValueId>;
+    fn sub(&mut self, x: ValueId, y: ValueId) -> Result<ValueId>;
+    fn mul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId>;
+    fn div(&mut self, x: ValueId, y: ValueId) -> Result<ValueId>;
+    /// `x != x`.
+    fn is_nan(&mut self, x: ValueId) -> Result<ValueId>;
+    /// The float constant `v` in the dtype and shape of `like`.
+    fn float_like(&mut self, v: f64, like: ValueId) -> ValueId;
+}
+
+impl Arith for Builder<'_> {
+    fn add(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Add, x, y)
+    }
+    fn sub(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Sub, x, y)
+    }
+    fn mul(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Mul, x, y)
+    }
+    fn div(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        self.binary(BinaryOp::Div, x, y)
+    }
+    fn is_nan(&mut self, x: ValueId) -> Result<ValueId> {
+        self.compare(CompareDir::Ne, x, x)
+    }
+    fn float_like(&mut self, v: f64, like: ValueId) -> ValueId {
+        let (dtype, dims) = (self.dtype(like), self.dims(like));
+        self.constant(Literal::Float(v), dtype, &dims)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,6 +670,30 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count, "an op is registered twice");
+    }
+
+    #[test]
+    fn entry_macros_spell_schema_names() {
+        let names: Vec<&str> = table().iter().map(|op| op.name).collect();
+        for name in [
+            "aten::sin",
+            "aten::sin.out",
+            "aten::sin_",
+            "aten::remainder.Scalar",
+            "aten::remainder.Scalar_out",
+            "aten::remainder_.Scalar",
+            "aten::eq.Tensor_out",
+            "aten::add_.Tensor",
+            "aten::upsample_bilinear2d_backward.grad_input",
+            "aten::_foreach_add_.List",
+        ] {
+            assert!(names.contains(&name), "{name} is not registered");
+        }
+        assert!(
+            !names.contains(&"aten::eq_.Tensor"),
+            "comparisons have no in-place entry"
+        );
+        assert!(!names.contains(&"aten::_foreach_sub.Tensor"));
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! Pooling (max with indices, average, adaptive average; with backwards)
-//! and constant padding. Windows are gathered from the flattened input, so
+//! Pooling (max with indices, average, adaptive average; with backwards),
+//! max unpooling, and im2col/col2im. Windows are gathered from the flattened input, so
 //! ceil_mode, padding and dilation follow ATen's index arithmetic exactly;
 //! backwards scatter-add into the input.
 
-use super::{is_float, op, OpDef};
+use super::index::host_values;
+use super::{accumulate_dtype, float_input, Arith, OpDef};
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -50,6 +51,18 @@ fn output_size(input: i64, k: i64, s: i64, p: i64, d: i64, ceil: bool) -> i64 {
     out
 }
 
+/// `output_size` for both spatial dims.
+fn output_sizes(
+    input: [i64; 2],
+    k: [i64; 2],
+    s: [i64; 2],
+    p: [i64; 2],
+    d: [i64; 2],
+    ceil: bool,
+) -> [i64; 2] {
+    [0, 1].map(|i| output_size(input[i], k[i], s[i], p[i], d[i], ceil))
+}
+
 /// Reads pooling arguments: input at 0, kernel at 1, stride at 2, padding
 /// at 3, dilation at `dilation` (if any), ceil_mode at `ceil`.
 fn pool_geometry(b: &Builder, dilation: Option<usize>, ceil: usize) -> Result<Pool> {
@@ -83,10 +96,7 @@ fn pool_geometry(b: &Builder, dilation: Option<usize>, ceil: usize) -> Result<Po
             format!("kernel {k:?} stride {s:?} padding {p:?} dilation {d:?}"),
         ));
     }
-    let out = [
-        output_size(h, k[0], s[0], p[0], d[0], ceil_mode),
-        output_size(w, k[1], s[1], p[1], d[1], ceil_mode),
-    ];
+    let out = output_sizes([h, w], k, s, p, d, ceil_mode);
     if out[0] < 1 || out[1] < 1 {
         return Err(Error::invalid(
             format!("{}: output size", b.op_name()),
@@ -174,25 +184,18 @@ fn window_index(
     Ok((valid, spatial, flat))
 }
 
-fn float_input(b: &mut Builder) -> Result<(ValueId, DType, Vec<i64>)> {
-    let view = b.tensor_arg(0)?.view.clone();
-    if !is_float(view.dtype) {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a floating point tensor",
-            view.dtype,
-        ));
-    }
-    let x = b.tensor(0)?;
-    let x = b.reshape(x, &[view.numel() as i64])?;
-    Ok((x, view.dtype, view.sizes))
+/// The float input (argument 0), flattened for gathers.
+fn flat_input(b: &mut Builder) -> Result<(ValueId, DType, Vec<i64>)> {
+    let (x, dtype, sizes) = float_input(b, 0)?;
+    let x = b.reshape(x, &[sizes.iter().product()])?;
+    Ok((x, dtype, sizes))
 }
 
 /// max_pool2d_with_indices(self, kernel, stride, padding, dilation, ceil_mode)
 /// -> (out, indices into each input plane, h * W + w).
 fn max_pool(b: &mut Builder) -> Result<()> {
     let g = pool_geometry(b, Some(4), 5)?;
-    let (x, dtype, sizes) = float_input(b)?;
+    let (x, dtype, sizes) = flat_input(b)?;
     let (rows, cols, shape) = window_coords(b, &g)?;
     let (valid, spatial, flat) = window_index(b, &g, rows, cols, &shape)?;
     let values = b.flat_gather(x, flat);
@@ -213,6 +216,24 @@ fn max_pool(b: &mut Builder) -> Result<()> {
     b.output(index)
 }
 
+/// Flat positions of per-plane indices (argument `index`, `per_plane` of
+/// them in each of `planes` planes) in planes of `plane_size` elements.
+fn plane_positions(
+    b: &mut Builder,
+    index: usize,
+    planes: i64,
+    per_plane: i64,
+    plane_size: i64,
+) -> Result<ValueId> {
+    let idx = b.tensor(index)?;
+    let idx = b.convert(idx, DType::I64);
+    let idx = b.reshape(idx, &[planes, per_plane])?;
+    let plane = b.iota(DType::I64, &[planes, per_plane], 0);
+    let size = b.constant(Literal::Int(plane_size), DType::I64, &[planes, per_plane]);
+    let base = b.mul(plane, size)?;
+    b.add(base, idx)
+}
+
 /// max_pool2d_with_indices_backward(grad, self, kernel, stride, padding,
 /// dilation, ceil_mode, indices): gradients scatter-added at the indices.
 fn max_pool_backward(b: &mut Builder) -> Result<()> {
@@ -225,13 +246,7 @@ fn max_pool_backward(b: &mut Builder) -> Result<()> {
     let per_plane: i64 = gdims[r - 2..].iter().product();
     let gy = b.reshape(gy, &[planes, per_plane])?;
     let gy = b.convert(gy, view.dtype);
-    let idx = b.tensor(7)?;
-    let idx = b.convert(idx, DType::I64);
-    let idx = b.reshape(idx, &[planes, per_plane])?;
-    let plane = b.iota(DType::I64, &[planes, per_plane], 0);
-    let hw = b.constant(Literal::Int(h * w), DType::I64, &[planes, per_plane]);
-    let base = b.binary(BinaryOp::Mul, plane, hw)?;
-    let flat = b.binary(BinaryOp::Add, base, idx)?;
+    let flat = plane_positions(b, 7, planes, per_plane, h * w)?;
     let zeros = b.constant(Literal::Int(0), view.dtype, &[planes * h * w]);
     let gx = b.flat_scatter_add(zeros, flat, gy);
     let gx = b.reshape(gx, &view.sizes)?;
@@ -296,11 +311,11 @@ fn divisor(
 /// divisor_override).
 fn avg_pool(b: &mut Builder) -> Result<()> {
     let g = pool_geometry(b, None, 4)?;
-    let (x, dtype, sizes) = float_input(b)?;
+    let (x, dtype, sizes) = flat_input(b)?;
     let (rows, cols, shape) = window_coords(b, &g)?;
     let (valid, _, flat) = window_index(b, &g, rows, cols, &shape)?;
     // 16-bit inputs sum in float32, as ATen does.
-    let acc = super::reduce::accumulate_dtype(dtype);
+    let acc = accumulate_dtype(dtype);
     let x = b.convert(x, acc);
     let values = b.flat_gather(x, flat);
     let zeros = b.constant(Literal::Int(0), acc, &shape);
@@ -326,10 +341,7 @@ fn avg_pool_backward(b: &mut Builder) -> Result<()> {
     let s = pair(b, 3, Some(k))?;
     let p = pair(b, 4, Some([0, 0]))?;
     let ceil_mode = b.bool_arg(5)?;
-    let out = [
-        output_size(h, k[0], s[0], p[0], 1, ceil_mode),
-        output_size(w, k[1], s[1], p[1], 1, ceil_mode),
-    ];
+    let out = output_sizes([h, w], k, s, p, [1, 1], ceil_mode);
     let g = Pool {
         planes,
         h,
@@ -387,7 +399,7 @@ fn adaptive_matrix(b: &mut Builder, out: i64, size: i64, dtype: DType) -> Result
 
 /// _adaptive_avg_pool2d(self, output_size): P_h x P_wᵀ per plane.
 fn adaptive_avg_pool(b: &mut Builder) -> Result<()> {
-    let (x, dtype, sizes) = float_input(b)?;
+    let (x, dtype, sizes) = flat_input(b)?;
     let r = sizes.len();
     if !(3..=4).contains(&r) {
         return Err(Error::invalid(
@@ -429,44 +441,6 @@ fn adaptive_avg_pool_backward(b: &mut Builder) -> Result<()> {
     b.output(gx)
 }
 
-/// constant_pad_nd(self, pad, value): pairs from the last dim backwards;
-/// negative pads crop.
-fn constant_pad(b: &mut Builder) -> Result<()> {
-    let view = b.tensor_arg(0)?.view.clone();
-    let pad = b.int_list_arg(1)?;
-    let r = view.sizes.len();
-    if pad.len() % 2 != 0 || pad.len() / 2 > r {
-        return Err(b.arg_error(
-            1,
-            format!("an even number of pads, at most {}", 2 * r),
-            pad.len(),
-        ));
-    }
-    let value = match b.arg(2) {
-        Ok(Arg::Float(v)) => Literal::Float(*v),
-        Ok(Arg::Int(v)) => Literal::Int(*v),
-        Ok(Arg::Bool(v)) => Literal::Bool(*v),
-        _ => Literal::Int(0),
-    };
-    let (mut low, mut high) = (vec![0i64; r], vec![0i64; r]);
-    for (i, chunk) in pad.chunks(2).enumerate() {
-        low[r - 1 - i] = chunk[0];
-        high[r - 1 - i] = chunk[1];
-    }
-    for d in 0..r {
-        if view.sizes[d] + low[d] + high[d] < 0 {
-            return Err(b.arg_error(
-                1,
-                format!("pads leaving dimension {d} non-negative"),
-                format!("{pad:?}"),
-            ));
-        }
-    }
-    let x = b.tensor(0)?;
-    let y = b.pad(x, value, &low, &high, &vec![0; r]);
-    b.output(y)
-}
-
 /// The im2col/col2im geometry: input (N, C, H, W) or (C, H, W) at
 /// `sizes`, kernel/dilation/padding/stride at `first`.. (ATen's order).
 fn patch_geometry(b: &Builder, sizes: &[i64], first: usize) -> Result<(Pool, i64, i64)> {
@@ -488,10 +462,7 @@ fn patch_geometry(b: &Builder, sizes: &[i64], first: usize) -> Result<(Pool, i64
     let p = pair(b, first + 2, Some([0, 0]))?;
     let s = pair(b, first + 3, Some([1, 1]))?;
     let (h, w) = (sizes[r - 2], sizes[r - 1]);
-    let out = [
-        output_size(h, k[0], s[0], p[0], d[0], false),
-        output_size(w, k[1], s[1], p[1], d[1], false),
-    ];
+    let out = output_sizes([h, w], k, s, p, d, false);
     if out[0] < 1 || out[1] < 1 {
         return Err(Error::invalid(
             format!("{}: geometry", b.op_name()),
@@ -519,7 +490,7 @@ fn patch_geometry(b: &Builder, sizes: &[i64], first: usize) -> Result<(Pool, i64
 /// (nn.Unfold): every sliding block as a column, zeros where it overlaps
 /// the padding.
 fn im2col(b: &mut Builder) -> Result<()> {
-    let (x, dtype, sizes) = float_input(b)?;
+    let (x, dtype, sizes) = flat_input(b)?;
     let (g, n, c) = patch_geometry(b, &sizes, 1)?;
     let (rows, cols, shape) = window_coords(b, &g)?;
     let (valid, _, flat) = window_index(b, &g, rows, cols, &shape)?;
@@ -588,21 +559,61 @@ fn col2im(b: &mut Builder) -> Result<()> {
     b.output(out)
 }
 
+/// max_unpool2d(self, indices, output_size) / max_unpool3d(self, indices,
+/// output_size, stride, padding): values placed at their indices within
+/// each output plane, zeros elsewhere.
+fn max_unpool(b: &mut Builder, k: usize) -> Result<()> {
+    let view = b.tensor_arg(0)?.view.clone();
+    let out = b.int_list_arg(2)?;
+    if out.len() != k || view.sizes.len() < k + 1 {
+        return Err(b.arg_error(
+            2,
+            format!("{k} output sizes for a ({})-D or more input", k + 1),
+            format!("{out:?}"),
+        ));
+    }
+    let r = view.sizes.len();
+    let planes: i64 = view.sizes[..r - k].iter().product();
+    let per_plane_in: i64 = view.sizes[r - k..].iter().product();
+    let per_plane_out: i64 = out.iter().product();
+    let index = b.tensor_arg(1)?.clone();
+    let values = host_values(&index)?;
+    if let Some(bad) = values.iter().find(|&&v| v < 0 || v >= per_plane_out) {
+        return Err(b.arg_error(
+            1,
+            format!("indices in [0, {per_plane_out})"),
+            format!("index {bad} is out of bounds"),
+        ));
+    }
+    let x = b.tensor(0)?;
+    let x = b.reshape(x, &[planes, per_plane_in])?;
+    let flat = plane_positions(b, 1, planes, per_plane_in, per_plane_out)?;
+    let zeros = b.constant(Literal::Int(0), view.dtype, &[planes * per_plane_out]);
+    let y = b.flat_scatter(zeros, flat, x, None);
+    let mut sizes = view.sizes[..r - k].to_vec();
+    sizes.extend(&out);
+    let y = b.reshape(y, &sizes)?;
+    b.output(y)
+}
+
 pub(super) fn ops() -> Vec<OpDef> {
-    vec![
-        op("aten::max_pool2d_with_indices", max_pool),
-        op("aten::max_pool2d_with_indices_backward", max_pool_backward),
-        op("aten::avg_pool2d", avg_pool),
-        op("aten::avg_pool2d_backward", avg_pool_backward),
-        op("aten::_adaptive_avg_pool2d", adaptive_avg_pool),
-        op(
-            "aten::_adaptive_avg_pool2d_backward",
-            adaptive_avg_pool_backward,
+    let mut ops = vec![
+        op!("aten::max_pool2d_with_indices", max_pool()),
+        op!(
+            "aten::max_pool2d_with_indices_backward",
+            max_pool_backward()
         ),
-        op("aten::constant_pad_nd", constant_pad),
-        op("aten::im2col", im2col),
-        op("aten::im2col.out", im2col),
-        op("aten::col2im", col2im),
-        op("aten::col2im.out", col2im),
-    ]
+        op!("aten::avg_pool2d", avg_pool()),
+        op!("aten::avg_pool2d_backward", avg_pool_backward()),
+        op!("aten::_adaptive_avg_pool2d", adaptive_avg_pool()),
+        op!(
+            "aten::_adaptive_avg_pool2d_backward",
+            adaptive_avg_pool_backward()
+        ),
+    ];
+    ops.extend(with_out!("aten::im2col", im2col()));
+    ops.extend(with_out!("aten::col2im", col2im()));
+    ops.extend(with_out!("aten::max_unpool2d", max_unpool(2)));
+    ops.extend(with_out!("aten::max_unpool3d", max_unpool(3)));
+    ops
 }

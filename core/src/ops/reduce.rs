@@ -1,49 +1,16 @@
-//! Reductions: sum, mean, amax, argmax.
+//! Reductions over dims: sum/mean/prod (and nansum), amax/amin/aminmax,
+//! max/min (with indices), argmax/argmin, any/all, count_nonzero,
+//! var/std, logsumexp; and the cumulative sum and product.
 
-use super::{is_float, is_integral, op, wrap_dim, OpDef};
+use super::{
+    accumulate_dtype, all_dims, at_least_1d, finish, is_float, is_integral, keep_dims,
+    keepdim_shape, reduce_dims, reduced, reduced_shape, require_float, require_nonempty_dim,
+    wrap_dim, wrap_dims, Arith, Form, OpDef,
+};
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
-
-/// The reduced dims from an optional dim list (None or [] = all dims).
-fn reduce_dims(b: &Builder, index: usize, rank: usize) -> Result<Vec<i64>> {
-    let dims = match b.arg(index).ok() {
-        None | Some(Arg::None) => None,
-        Some(_) => Some(b.int_list_arg(index)?),
-    };
-    match dims {
-        Some(d) if !d.is_empty() => {
-            let mut out: Vec<i64> = d
-                .iter()
-                .map(|&x| wrap_dim(b, x, rank).map(|v| v as i64))
-                .collect::<Result<_>>()?;
-            out.sort();
-            out.dedup();
-            // A 0-d tensor accepts dim 0 or -1 and has nothing to reduce.
-            if rank == 0 {
-                out.clear();
-            }
-            Ok(out)
-        }
-        _ => Ok((0..rank as i64).collect()),
-    }
-}
-
-/// Re-inserts reduced dims as size 1.
-fn keep_dims(
-    b: &mut Builder,
-    value: ValueId,
-    input_dims: &[i64],
-    reduced: &[i64],
-) -> Result<ValueId> {
-    let shape: Vec<i64> = input_dims
-        .iter()
-        .enumerate()
-        .map(|(d, &s)| if reduced.contains(&(d as i64)) { 1 } else { s })
-        .collect();
-    b.reshape(value, &shape)
-}
 
 /// sum/mean over `dim_index` (absent: all dims), `keepdim_index`, `dtype_index`.
 fn sum_mean(
@@ -86,39 +53,9 @@ fn sum_mean(
         let n = b.constant(Literal::Int(count), acc, &b.dims(out));
         out = b.binary(BinaryOp::Div, out, n)?;
     }
-    let mut out = b.convert(out, dtype);
-    if keepdim {
-        out = keep_dims(b, out, &input.sizes, &dims)?;
-    }
+    let out = b.convert(out, dtype);
+    let out = keep_dims(b, out, &input.sizes, &dims, keepdim)?;
     b.output(out)
-}
-
-/// The sizes after reducing dim `d` of `sizes`: kept as 1 with keepdim,
-/// dropped otherwise.
-pub(super) fn reduced_shape(sizes: &[i64], d: usize, keepdim: bool) -> Vec<i64> {
-    if keepdim {
-        sizes
-            .iter()
-            .enumerate()
-            .map(|(k, &s)| if k == d { 1 } else { s })
-            .collect()
-    } else {
-        sizes
-            .iter()
-            .enumerate()
-            .filter(|(k, _)| *k != d)
-            .map(|(_, &s)| s)
-            .collect()
-    }
-}
-
-/// The dtype sums accumulate in: float32 for 16-bit floats.
-pub(super) fn accumulate_dtype(dtype: DType) -> DType {
-    if matches!(dtype, DType::F16 | DType::BF16) {
-        DType::F32
-    } else {
-        dtype
-    }
 }
 
 fn amax_amin(b: &mut Builder, op: ReduceOp) -> Result<()> {
@@ -136,10 +73,7 @@ fn amax_amin(b: &mut Builder, op: ReduceOp) -> Result<()> {
     }
     let keepdim = b.num_args() > 2 && b.bool_arg(2)?;
     let x = b.tensor(0)?;
-    let mut out = b.reduce(x, op, &dims);
-    if keepdim {
-        out = keep_dims(b, out, &input.sizes, &dims)?;
-    }
+    let out = reduced(b, x, op, &dims, keepdim, &input.sizes)?;
     b.output(out)
 }
 
@@ -158,73 +92,44 @@ fn arg_extreme(b: &mut Builder, op: ReduceOp) -> Result<()> {
             (0, vec![n])
         }
     };
-    if dims.get(d).copied().unwrap_or(1) == 0 {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a non-empty dimension",
-            format!("sizes {:?}", input.sizes),
-        ));
-    }
-    let work_dims = if dims.is_empty() {
-        vec![1]
-    } else {
-        dims.clone()
-    };
+    require_nonempty_dim(b, dims.get(d).copied().unwrap_or(1), &input.sizes)?;
+    let work_dims = at_least_1d(&dims);
     x = b.reshape(x, &work_dims)?;
-    let extreme = b.reduce(x, op, &[d as i64]);
-    let keep: Vec<i64> = (0..work_dims.len() as i64)
-        .filter(|&k| k != d as i64)
-        .collect();
-    let extreme = b.broadcast_in_dim(extreme, &work_dims, &keep);
-    let hit = b.compare(CompareDir::Eq, x, extreme)?;
-    let iota = b.iota(DType::I64, &work_dims, d);
-    let big = b.constant(Literal::Int(i64::MAX), DType::I64, &work_dims);
-    let candidates = b.select(hit, iota, big)?;
-    let mut out = b.reduce(candidates, ReduceOp::Min, &[d as i64]);
+    let (_, mut out) = extreme_and_index(b, x, op, d)?;
     if keepdim {
         let shape: Vec<i64> = if dim.is_none() {
             vec![1; input.sizes.len()]
         } else {
-            input
-                .sizes
-                .iter()
-                .enumerate()
-                .map(|(k, &s)| if k == d { 1 } else { s })
-                .collect()
+            keepdim_shape(&input.sizes, &[d as i64])
         };
         out = b.reshape(out, &shape)?;
     }
     b.output(out)
 }
 
-/// Reads `x` (argument 0) as `dtype` with dims `dims` reduced; returns the
-/// reduced value (keepdim applied) and the element count per result.
-fn reduced(
+/// The extreme of `x` along `d` and the first index where it occurs.
+fn extreme_and_index(
     b: &mut Builder,
     x: ValueId,
     op: ReduceOp,
-    dims: &[i64],
-    keepdim: bool,
-    input: &[i64],
-) -> Result<ValueId> {
-    let out = b.reduce(x, op, dims);
-    if keepdim {
-        keep_dims(b, out, input, dims)
-    } else {
-        Ok(out)
-    }
+    d: usize,
+) -> Result<(ValueId, ValueId)> {
+    let work = b.dims(x);
+    let extreme = b.reduce(x, op, &[d as i64]);
+    let keep: Vec<i64> = (0..work.len() as i64).filter(|&k| k != d as i64).collect();
+    let eb = b.broadcast_in_dim(extreme, &work, &keep);
+    let hit = b.compare(CompareDir::Eq, x, eb)?;
+    let iota = b.iota(DType::I64, &work, d);
+    let big = b.constant(Literal::Int(i64::MAX), DType::I64, &work);
+    let candidates = b.select(hit, iota, big)?;
+    let index = b.reduce(candidates, ReduceOp::Min, &[d as i64]);
+    Ok((extreme, index))
 }
 
 /// var/std (and their `_mean` forms) with Bessel's `correction`.
 fn var_std(b: &mut Builder, std: bool, with_mean: bool) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
-    if !is_float(view.dtype) {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a floating point tensor",
-            view.dtype,
-        ));
-    }
+    require_float(b, "input", view.dtype)?;
     let dims = reduce_dims(b, 1, view.sizes.len())?;
     let correction = match b.arg(2) {
         Ok(Arg::None) | Err(_) => 1.0,
@@ -256,18 +161,10 @@ fn var_std(b: &mut Builder, std: bool, with_mean: bool) -> Result<()> {
     if std {
         v = b.unary(crate::ir::UnaryOp::Sqrt, v);
     }
-    let v = if keepdim {
-        keep_dims(b, v, &view.sizes, &dims)?
-    } else {
-        v
-    };
+    let v = keep_dims(b, v, &view.sizes, &dims, keepdim)?;
     b.output(v)?;
     if with_mean {
-        let m = if keepdim {
-            keep_dims(b, mean, &view.sizes, &dims)?
-        } else {
-            mean
-        };
+        let m = keep_dims(b, mean, &view.sizes, &dims, keepdim)?;
         b.output(m)?;
     }
     Ok(())
@@ -302,11 +199,7 @@ fn logsumexp(b: &mut Builder) -> Result<()> {
     let s = b.reduce(e, ReduceOp::Sum, &dims);
     let l = b.unary(crate::ir::UnaryOp::Log, s);
     let out = b.binary(BinaryOp::Add, l, shift)?;
-    let out = if keepdim {
-        keep_dims(b, out, &view.sizes, &dims)?
-    } else {
-        out
-    };
+    let out = keep_dims(b, out, &view.sizes, &dims, keepdim)?;
     b.output(out)
 }
 
@@ -377,28 +270,11 @@ fn extreme_dim(b: &mut Builder, op: ReduceOp) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
     let d = wrap_dim(b, b.int_arg(1)?, view.sizes.len())?;
     let keepdim = b.bool_arg(2)?;
-    let work = if view.sizes.is_empty() {
-        vec![1]
-    } else {
-        view.sizes.clone()
-    };
-    if work[d] == 0 {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a non-empty dimension",
-            format!("sizes {:?}", view.sizes),
-        ));
-    }
+    let work = at_least_1d(&view.sizes);
+    require_nonempty_dim(b, work[d], &view.sizes)?;
     let x = b.tensor(0)?;
     let x = b.reshape(x, &work)?;
-    let values = b.reduce(x, op, &[d as i64]);
-    let keep: Vec<i64> = (0..work.len() as i64).filter(|&k| k != d as i64).collect();
-    let vb = b.broadcast_in_dim(values, &work, &keep);
-    let hit = b.compare(CompareDir::Eq, x, vb)?;
-    let iota = b.iota(DType::I64, &work, d);
-    let big = b.constant(Literal::Int(i64::MAX), DType::I64, &work);
-    let candidates = b.select(hit, iota, big)?;
-    let index = b.reduce(candidates, ReduceOp::Min, &[d as i64]);
+    let (values, index) = extreme_and_index(b, x, op, d)?;
     let shape = reduced_shape(&view.sizes, d, keepdim);
     let values = b.reshape(values, &shape)?;
     let index = b.reshape(index, &shape)?;
@@ -406,65 +282,15 @@ fn extreme_dim(b: &mut Builder, op: ReduceOp) -> Result<()> {
     b.output(index)
 }
 
-/// linalg_vector_norm(self, ord, dim?, keepdim, *, dtype?).
-fn vector_norm(b: &mut Builder) -> Result<()> {
-    let view = b.tensor_arg(0)?.view.clone();
-    let dtype = b.opt_dtype_arg(4)?.unwrap_or(view.dtype);
-    if !is_float(dtype) {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a floating point tensor",
-            dtype,
-        ));
-    }
-    let ord = b.float_arg(1)?;
-    let dims = reduce_dims(b, 2, view.sizes.len())?;
-    let keepdim = b.bool_arg(3)?;
-    let x = b.tensor(0)?;
-    let x = b.convert(x, dtype);
-    let a = b.unary(crate::ir::UnaryOp::Abs, x);
-    let out = if ord == f64::INFINITY {
-        reduced(b, a, ReduceOp::Max, &dims, keepdim, &view.sizes)?
-    } else if ord == f64::NEG_INFINITY {
-        reduced(b, a, ReduceOp::Min, &dims, keepdim, &view.sizes)?
-    } else if ord == 0.0 {
-        let zero = b.constant(Literal::Int(0), dtype, &view.sizes);
-        let nz = b.compare(CompareDir::Ne, a, zero)?;
-        let nz = b.convert(nz, dtype);
-        reduced(b, nz, ReduceOp::Sum, &dims, keepdim, &view.sizes)?
-    } else if ord == 1.0 {
-        reduced(b, a, ReduceOp::Sum, &dims, keepdim, &view.sizes)?
-    } else if ord == 2.0 {
-        let sq = b.binary(BinaryOp::Mul, a, a)?;
-        let s = reduced(b, sq, ReduceOp::Sum, &dims, keepdim, &view.sizes)?;
-        b.unary(crate::ir::UnaryOp::Sqrt, s)
-    } else {
-        let p = b.scalar_arg(1, dtype)?;
-        let pb = b.broadcast_to(p, &view.sizes)?;
-        let powered = b.binary(BinaryOp::Pow, a, pb)?;
-        let s = reduced(b, powered, ReduceOp::Sum, &dims, keepdim, &view.sizes)?;
-        let sd = b.dims(s);
-        let one = b.constant(Literal::Int(1), dtype, &sd);
-        let pb = b.broadcast_to(p, &sd)?;
-        let inv = b.binary(BinaryOp::Div, one, pb)?;
-        b.binary(BinaryOp::Pow, s, inv)?
-    };
-    b.output(out)
-}
-
 /// cumsum/cumprod(self, dim, *, dtype) as a reduce_window over the prefix.
-fn cumulative(b: &mut Builder, op: ReduceOp, form: super::Form) -> Result<()> {
+fn cumulative(b: &mut Builder, op: ReduceOp, form: Form) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
     let dtype = match b.opt_dtype_arg(2)? {
         Some(d) => d,
-        None if is_integral(view.dtype, true) && form == super::Form::Functional => DType::I64,
+        None if is_integral(view.dtype, true) && form == Form::Functional => DType::I64,
         None => view.dtype,
     };
-    let work = if view.sizes.is_empty() {
-        vec![1]
-    } else {
-        view.sizes.clone()
-    };
+    let work = at_least_1d(&view.sizes);
     let d = wrap_dim(b, b.int_arg(1)?, view.sizes.len())?;
     // 16-bit floats accumulate in float32, as ATen does.
     let acc = accumulate_dtype(dtype);
@@ -481,114 +307,129 @@ fn cumulative(b: &mut Builder, op: ReduceOp, form: super::Form) -> Result<()> {
     let out = b.reduce_window(x, op, &window, &vec![1; work.len()], &padding, &work);
     let out = b.convert(out, dtype);
     let out = b.reshape(out, &view.sizes)?;
-    super::finish(b, form, out)
+    finish(b, form, out)
 }
 
-/// sort(self, dim, descending) or sort.stable(self, *, stable, dim,
-/// descending): (values, indices); the sort is always stable.
-fn sort(b: &mut Builder, dim_index: usize) -> Result<()> {
+/// nansum(self, dim?, keepdim, *, dtype?): NaNs count as zero.
+fn nansum(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
-    let work = if view.sizes.is_empty() {
-        vec![1]
-    } else {
-        view.sizes.clone()
+    let dtype = match b.opt_dtype_arg(3)? {
+        Some(d) => d,
+        None if !is_float(view.dtype) => DType::I64,
+        None => view.dtype,
     };
-    let d = wrap_dim(b, b.int_arg(dim_index)?, view.sizes.len())?;
-    let descending = b.bool_arg(dim_index + 1)?;
+    let dims: Vec<i64> = match b.opt_int_list_arg(1)? {
+        Some(d) if !d.is_empty() => wrap_dims(b, &d, view.sizes.len())?,
+        _ => all_dims(view.sizes.len()),
+    };
+    let dims = if view.sizes.is_empty() {
+        Vec::new()
+    } else {
+        dims
+    };
+    let keepdim = b.bool_arg(2)?;
     let x = b.tensor(0)?;
-    let x = b.reshape(x, &work)?;
-    let iota = b.iota(DType::I64, &work, d);
-    let (values, indices) = b.sort(x, iota, d, descending);
-    let values = b.reshape(values, &view.sizes)?;
-    let indices = b.reshape(indices, &view.sizes)?;
-    b.output(values)?;
-    b.output(indices)
+    let acc = accumulate_dtype(dtype);
+    let x = b.convert(x, acc);
+    let nan = b.is_nan(x)?;
+    let zero = b.constant(Literal::Int(0), acc, &view.sizes);
+    let x = b.select(nan, zero, x)?;
+    let s = reduced(b, x, ReduceOp::Sum, &dims, keepdim, &view.sizes)?;
+    let s = b.convert(s, dtype);
+    b.output(s)
 }
 
-/// topk(self, k, dim, largest, sorted): the first k of a stable sort.
-fn topk(b: &mut Builder) -> Result<()> {
+/// count_nonzero.dim_IntList(self, dim) / count_nonzero(self, dim?).
+fn count_nonzero(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
-    let work = if view.sizes.is_empty() {
-        vec![1]
-    } else {
-        view.sizes.clone()
+    let dims: Vec<i64> = match b.arg(1) {
+        Ok(Arg::None) | Err(_) => all_dims(view.sizes.len()),
+        Ok(_) => {
+            let d = b.int_list_arg(1)?;
+            if d.is_empty() {
+                all_dims(view.sizes.len())
+            } else {
+                wrap_dims(b, &d, view.sizes.len())?
+            }
+        }
     };
-    let k = b.int_arg(1)?;
-    let d = wrap_dim(b, b.int_arg(2)?, view.sizes.len())?;
-    if k < 0 || k > work[d] {
-        return Err(b.arg_error(1, format!("k in [0, {}]", work[d]), k));
+    let dims = if view.sizes.is_empty() {
+        Vec::new()
+    } else {
+        dims
+    };
+    let x = b.tensor(0)?;
+    let nz = b.convert(x, DType::Bool);
+    let n = b.convert(nz, DType::I64);
+    let s = b.reduce(n, ReduceOp::Sum, &dims);
+    b.output(s)
+}
+
+/// aminmax(self, *, dim?, keepdim) -> (min, max).
+fn aminmax(b: &mut Builder) -> Result<()> {
+    let view = b.tensor_arg(0)?.view.clone();
+    let dim = b.opt_int_arg(1)?;
+    let keepdim = b.bool_arg(2)?;
+    let dims: Vec<i64> = match dim {
+        Some(d) => vec![wrap_dim(b, d, view.sizes.len())? as i64],
+        None => all_dims(view.sizes.len()),
+    };
+    let reduce: Vec<i64> = if view.sizes.is_empty() {
+        vec![]
+    } else {
+        dims.clone()
+    };
+    let x = b.tensor(0)?;
+    for op in [ReduceOp::Min, ReduceOp::Max] {
+        let r = b.reduce(x, op, &reduce);
+        let r = keep_dims(b, r, &view.sizes, &dims, keepdim)?;
+        b.output(r)?;
     }
-    let largest = b.bool_arg(3)?;
-    let x = b.tensor(0)?;
-    let x = b.reshape(x, &work)?;
-    let iota = b.iota(DType::I64, &work, d);
-    let (values, indices) = b.sort(x, iota, d, largest);
-    let limit: Vec<i64> = work
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| if i == d { k } else { s })
-        .collect();
-    let zeros = vec![0; work.len()];
-    let ones = vec![1; work.len()];
-    let values = b.slice(values, &zeros, &limit, &ones);
-    let indices = b.slice(indices, &zeros, &limit, &ones);
-    let out_sizes: Vec<i64> = if view.sizes.is_empty() { vec![] } else { limit };
-    let values = b.reshape(values, &out_sizes)?;
-    let indices = b.reshape(indices, &out_sizes)?;
-    b.output(values)?;
-    b.output(indices)
+    Ok(())
 }
 
 pub(super) fn ops() -> Vec<OpDef> {
-    use super::Form::{Functional as F, InPlace as I};
-    vec![
-        op("aten::var.correction", |b| var_std(b, false, false)),
-        op("aten::std.correction", |b| var_std(b, true, false)),
-        op("aten::var_mean.correction", |b| var_std(b, false, true)),
-        op("aten::std_mean.correction", |b| var_std(b, true, true)),
-        op("aten::logsumexp", logsumexp),
-        op("aten::logsumexp.out", logsumexp),
-        op("aten::prod", |b| prod(b, None)),
-        op("aten::prod.dim_int", |b| prod(b, Some(1))),
-        op("aten::prod.int_out", |b| prod(b, Some(1))),
-        op("aten::any", |b| any_all(b, ReduceOp::Or, None)),
-        op("aten::any.dim", |b| any_all(b, ReduceOp::Or, Some(1))),
-        op("aten::any.dims", |b| any_all(b, ReduceOp::Or, Some(1))),
-        op("aten::all", |b| any_all(b, ReduceOp::And, None)),
-        op("aten::all.dim", |b| any_all(b, ReduceOp::And, Some(1))),
-        op("aten::all.dims", |b| any_all(b, ReduceOp::And, Some(1))),
-        op("aten::max", |b| extreme_all(b, ReduceOp::Max)),
-        op("aten::min", |b| extreme_all(b, ReduceOp::Min)),
-        op("aten::max.dim", |b| extreme_dim(b, ReduceOp::Max)),
-        op("aten::min.dim", |b| extreme_dim(b, ReduceOp::Min)),
-        op("aten::linalg_vector_norm", vector_norm),
-        op("aten::linalg_vector_norm.out", vector_norm),
-        op("aten::cumsum", |b| cumulative(b, ReduceOp::Sum, F)),
-        op("aten::cumsum.out", |b| cumulative(b, ReduceOp::Sum, F)),
-        op("aten::cumsum_", |b| cumulative(b, ReduceOp::Sum, I)),
-        op("aten::cumprod", |b| cumulative(b, ReduceOp::Prod, F)),
-        op("aten::cumprod.out", |b| cumulative(b, ReduceOp::Prod, F)),
-        op("aten::cumprod_", |b| cumulative(b, ReduceOp::Prod, I)),
-        op("aten::sort", |b| sort(b, 1)),
-        op("aten::sort.stable", |b| sort(b, 2)),
-        op("aten::topk", topk),
-        op("aten::sum", |b| sum_mean(b, false, None, None, 1)),
-        op("aten::sum.dim_IntList", |b| {
-            sum_mean(b, false, Some(1), Some(2), 3)
-        }),
-        op("aten::sum.IntList_out", |b| {
-            sum_mean(b, false, Some(1), Some(2), 3)
-        }),
-        op("aten::mean", |b| sum_mean(b, true, None, None, 1)),
-        op("aten::mean.dim", |b| sum_mean(b, true, Some(1), Some(2), 3)),
-        op("aten::mean.out", |b| sum_mean(b, true, Some(1), Some(2), 3)),
-        op("aten::amax", |b| amax_amin(b, ReduceOp::Max)),
-        op("aten::amax.out", |b| amax_amin(b, ReduceOp::Max)),
-        op("aten::amin", |b| amax_amin(b, ReduceOp::Min)),
-        op("aten::amin.out", |b| amax_amin(b, ReduceOp::Min)),
-        op("aten::argmax", |b| arg_extreme(b, ReduceOp::Max)),
-        op("aten::argmax.out", |b| arg_extreme(b, ReduceOp::Max)),
-        op("aten::argmin", |b| arg_extreme(b, ReduceOp::Min)),
-        op("aten::argmin.out", |b| arg_extreme(b, ReduceOp::Min)),
-    ]
+    let mut ops = vec![
+        op!("aten::var.correction", var_std(false, false)),
+        op!("aten::std.correction", var_std(true, false)),
+        op!("aten::var_mean.correction", var_std(false, true)),
+        op!("aten::std_mean.correction", var_std(true, true)),
+        op!("aten::prod", prod(None)),
+        op!("aten::prod.dim_int", prod(Some(1))),
+        op!("aten::prod.int_out", prod(Some(1))),
+        op!("aten::any", any_all(ReduceOp::Or, None)),
+        op!("aten::any.dim", any_all(ReduceOp::Or, Some(1))),
+        op!("aten::any.dims", any_all(ReduceOp::Or, Some(1))),
+        op!("aten::all", any_all(ReduceOp::And, None)),
+        op!("aten::all.dim", any_all(ReduceOp::And, Some(1))),
+        op!("aten::all.dims", any_all(ReduceOp::And, Some(1))),
+        op!("aten::max", extreme_all(ReduceOp::Max)),
+        op!("aten::min", extreme_all(ReduceOp::Min)),
+        op!("aten::max.dim", extreme_dim(ReduceOp::Max)),
+        op!("aten::min.dim", extreme_dim(ReduceOp::Min)),
+        op!("aten::sum", sum_mean(false, None, None, 1)),
+        op!(
+            "aten::sum.dim_IntList",
+            sum_mean(false, Some(1), Some(2), 3)
+        ),
+        op!(
+            "aten::sum.IntList_out",
+            sum_mean(false, Some(1), Some(2), 3)
+        ),
+        op!("aten::mean", sum_mean(true, None, None, 1)),
+        op!("aten::mean.dim", sum_mean(true, Some(1), Some(2), 3)),
+        op!("aten::mean.out", sum_mean(true, Some(1), Some(2), 3)),
+        op!("aten::count_nonzero", count_nonzero()),
+        op!("aten::count_nonzero.dim_IntList", count_nonzero()),
+    ];
+    ops.extend(with_out!("aten::logsumexp", logsumexp()));
+    ops.extend(with_out!("aten::amax", amax_amin(ReduceOp::Max)));
+    ops.extend(with_out!("aten::amin", amax_amin(ReduceOp::Min)));
+    ops.extend(with_out!("aten::argmax", arg_extreme(ReduceOp::Max)));
+    ops.extend(with_out!("aten::argmin", arg_extreme(ReduceOp::Min)));
+    ops.extend(with_out!("aten::nansum", nansum()));
+    ops.extend(with_out!("aten::aminmax", aminmax()));
+    ops.extend(forms!("aten::cumsum", cumulative(ReduceOp::Sum)));
+    ops.extend(forms!("aten::cumprod", cumulative(ReduceOp::Prod)));
+    ops
 }

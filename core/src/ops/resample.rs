@@ -1,19 +1,20 @@
 //! Resampling along the trailing (spatial) dims: nearest and bilinear
-//! upsampling, reflection and replication padding, with backwards.
+//! upsampling, with backwards; padding builds on the same maps.
 //!
 //! Each is separable: per spatial axis, a host-computed list of source
 //! indices (and weights) maps output positions to input positions, with
 //! ATen's exact index arithmetic; the forward gathers, the backward
 //! scatter-adds.
 
-use super::{is_float, op, OpDef};
+use super::index::bytes_of;
+use super::{require_float, OpDef, Pass};
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Literal, ValueId};
 
 /// Per output position along one axis: (source index, weight) terms.
-type AxisMap = Vec<Vec<(i64, f64)>>;
+pub(super) type AxisMap = Vec<Vec<(i64, f64)>>;
 
 /// The flat input index of every output element for one combination of
 /// per-axis terms, as an s64 tensor [planes, out...], and the matching
@@ -46,11 +47,7 @@ fn combination(
             .map(|terms| terms.get(choice[axis]).map_or(0.0, |t| t.1))
             .collect();
         let n = map.len() as i64;
-        let idx = b.host_tensor(
-            index.iter().flat_map(|v| v.to_ne_bytes()).collect(),
-            DType::I64,
-            &[n],
-        );
+        let idx = b.host_tensor(bytes_of(&index), DType::I64, &[n]);
         let idx = b.broadcast_in_dim(idx, &shape, &[axis as i64 + 1]);
         flat = b.binary(BinaryOp::Add, flat, idx)?;
         let wv = b.host_tensor(
@@ -85,13 +82,7 @@ fn choices(maps: &[AxisMap]) -> Vec<Vec<usize>> {
 /// (argument 0), resampled along its trailing `maps.len()` dims.
 fn forward(b: &mut Builder, maps: &[AxisMap]) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
-    if !is_float(view.dtype) {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a floating point tensor",
-            view.dtype,
-        ));
-    }
+    require_float(b, "input", view.dtype)?;
     let k = maps.len();
     let r = view.sizes.len();
     let input = view.sizes[r - k..].to_vec();
@@ -195,28 +186,6 @@ fn linear_map(input: i64, output: i64, factor: Option<f64>, align_corners: bool)
         .collect()
 }
 
-fn reflect_map(input: i64, low: i64, high: i64) -> AxisMap {
-    (0..input + low + high)
-        .map(|o| {
-            let i = o - low;
-            let i = if i < 0 {
-                -i
-            } else if i >= input {
-                2 * (input - 1) - i
-            } else {
-                i
-            };
-            vec![(i, 1.0)]
-        })
-        .collect()
-}
-
-fn replicate_map(input: i64, low: i64, high: i64) -> AxisMap {
-    (0..input + low + high)
-        .map(|o| vec![((o - low).clamp(0, input - 1), 1.0)])
-        .collect()
-}
-
 fn opt_float(b: &Builder, index: usize) -> Result<Option<f64>> {
     match b.arg(index) {
         Err(_) | Ok(Arg::None) => Ok(None),
@@ -226,7 +195,7 @@ fn opt_float(b: &Builder, index: usize) -> Result<Option<f64>> {
 
 /// The spatial input sizes of a resampling forward (argument 0) or
 /// backward (`input_size` argument), checked against `k` spatial dims.
-fn spatial(b: &Builder, sizes: &[i64], k: usize) -> Result<Vec<i64>> {
+pub(super) fn spatial(b: &Builder, sizes: &[i64], k: usize) -> Result<Vec<i64>> {
     if sizes.len() < k + 1 || sizes[sizes.len() - k..].iter().any(|&s| s < 1) {
         return Err(Error::invalid(
             format!("{}: input", b.op_name()),
@@ -237,21 +206,36 @@ fn spatial(b: &Builder, sizes: &[i64], k: usize) -> Result<Vec<i64>> {
     Ok(sizes[sizes.len() - k..].to_vec())
 }
 
-/// upsample_nearest{1,2,3}d(self, output_size, scales...?) and
-/// _upsample_nearest_exact* (half-pixel centres), with backwards (grad,
-/// output_size, input_size, scales...?).
-fn nearest(b: &mut Builder, k: usize, exact: bool, backward_pass: bool) -> Result<()> {
+/// The output sizes (argument 1), the input sizes (argument 0's, or the
+/// backward's `input_size` argument 2) and its `k` spatial sizes.
+fn upsample_sizes(b: &Builder, k: usize, pass: Pass) -> Result<(Vec<i64>, Vec<i64>, Vec<i64>)> {
     let out = b.int_list_arg(1)?;
-    let sizes = if backward_pass {
-        b.int_list_arg(2)?
-    } else {
-        b.tensor_arg(0)?.view.sizes.clone()
+    let sizes = match pass {
+        Pass::Forward => b.tensor_arg(0)?.view.sizes.clone(),
+        Pass::Backward => b.int_list_arg(2)?,
     };
     let input = spatial(b, &sizes, k)?;
     if out.len() != k {
         return Err(b.arg_error(1, format!("{k} output sizes"), out.len()));
     }
-    let first_scale = if backward_pass { 3 } else { 2 };
+    Ok((out, sizes, input))
+}
+
+/// Resamples by `maps`: gathers forward, scatter-adds the gradient back
+/// to an input of `sizes` backward.
+pub(super) fn resample(b: &mut Builder, maps: &[AxisMap], sizes: &[i64], pass: Pass) -> Result<()> {
+    match pass {
+        Pass::Forward => forward(b, maps),
+        Pass::Backward => backward(b, maps, sizes),
+    }
+}
+
+/// upsample_nearest{1,2,3}d(self, output_size, scales...?) and
+/// _upsample_nearest_exact* (half-pixel centres), with backwards (grad,
+/// output_size, input_size, scales...?).
+fn nearest(b: &mut Builder, k: usize, exact: bool, pass: Pass) -> Result<()> {
+    let (out, sizes, input) = upsample_sizes(b, k, pass)?;
+    let first_scale = if pass == Pass::Backward { 3 } else { 2 };
     let mut maps = Vec::with_capacity(k);
     for axis in 0..k {
         let factor = opt_float(b, first_scale + axis)?;
@@ -261,28 +245,15 @@ fn nearest(b: &mut Builder, k: usize, exact: bool, backward_pass: bool) -> Resul
             nearest_map(input[axis], out[axis], factor)
         });
     }
-    if backward_pass {
-        backward(b, &maps, &sizes)
-    } else {
-        forward(b, &maps)
-    }
+    resample(b, &maps, &sizes, pass)
 }
 
 /// upsample_{linear1d,bilinear2d,trilinear3d}(self, output_size,
 /// align_corners, scales...?) and backwards (grad, output_size, input_size,
 /// align_corners, scales...?).
-fn linear(b: &mut Builder, k: usize, backward_pass: bool) -> Result<()> {
-    let out = b.int_list_arg(1)?;
-    let sizes = if backward_pass {
-        b.int_list_arg(2)?
-    } else {
-        b.tensor_arg(0)?.view.sizes.clone()
-    };
-    let input = spatial(b, &sizes, k)?;
-    if out.len() != k {
-        return Err(b.arg_error(1, format!("{k} output sizes"), out.len()));
-    }
-    let align_index = if backward_pass { 3 } else { 2 };
+fn linear(b: &mut Builder, k: usize, pass: Pass) -> Result<()> {
+    let (out, sizes, input) = upsample_sizes(b, k, pass)?;
+    let align_index = if pass == Pass::Backward { 3 } else { 2 };
     let align = b.bool_arg(align_index)?;
     let mut maps = Vec::with_capacity(k);
     for axis in 0..k {
@@ -293,165 +264,22 @@ fn linear(b: &mut Builder, k: usize, backward_pass: bool) -> Result<()> {
             align,
         ));
     }
-    if backward_pass {
-        backward(b, &maps, &sizes)
-    } else {
-        forward(b, &maps)
-    }
-}
-
-/// reflection/replication_pad{1,2}d(self, padding) and their backwards
-/// (grad_output, self, padding).
-fn pad(b: &mut Builder, k: usize, reflect: bool, backward_pass: bool) -> Result<()> {
-    let (sizes, pad_index) = if backward_pass {
-        (b.tensor_arg(1)?.view.sizes.clone(), 2)
-    } else {
-        (b.tensor_arg(0)?.view.sizes.clone(), 1)
-    };
-    let padding = b.int_list_arg(pad_index)?;
-    if padding.len() != 2 * k {
-        return Err(b.arg_error(pad_index, format!("{} values", 2 * k), padding.len()));
-    }
-    let input = spatial(b, &sizes, k)?;
-    let mut maps = Vec::new();
-    for axis in 0..k {
-        // Padding pairs run from the last dim backwards.
-        let (low, high) = (padding[2 * (k - 1 - axis)], padding[2 * (k - 1 - axis) + 1]);
-        if reflect && (low >= input[axis] || high >= input[axis]) {
-            return Err(b.arg_error(
-                pad_index,
-                format!("reflection padding below the input size {}", input[axis]),
-                format!("{padding:?}"),
-            ));
-        }
-        maps.push(if reflect {
-            reflect_map(input[axis], low, high)
-        } else {
-            replicate_map(input[axis], low, high)
-        });
-    }
-    if backward_pass {
-        backward(b, &maps, &sizes)
-    } else {
-        forward(b, &maps)
-    }
+    resample(b, &maps, &sizes, pass)
 }
 
 pub(super) fn ops() -> Vec<OpDef> {
-    vec![
-        op("aten::upsample_nearest1d", |b| nearest(b, 1, false, false)),
-        op("aten::upsample_nearest1d.out", |b| {
-            nearest(b, 1, false, false)
-        }),
-        op("aten::upsample_nearest1d_backward", |b| {
-            nearest(b, 1, false, true)
-        }),
-        op("aten::upsample_nearest1d_backward.grad_input", |b| {
-            nearest(b, 1, false, true)
-        }),
-        op("aten::_upsample_nearest_exact1d", |b| {
-            nearest(b, 1, true, false)
-        }),
-        op("aten::_upsample_nearest_exact1d.out", |b| {
-            nearest(b, 1, true, false)
-        }),
-        op("aten::_upsample_nearest_exact1d_backward", |b| {
-            nearest(b, 1, true, true)
-        }),
-        op("aten::_upsample_nearest_exact1d_backward.grad_input", |b| {
-            nearest(b, 1, true, true)
-        }),
-        op("aten::upsample_nearest2d", |b| nearest(b, 2, false, false)),
-        op("aten::upsample_nearest2d.out", |b| {
-            nearest(b, 2, false, false)
-        }),
-        op("aten::upsample_nearest2d_backward", |b| {
-            nearest(b, 2, false, true)
-        }),
-        op("aten::upsample_nearest2d_backward.grad_input", |b| {
-            nearest(b, 2, false, true)
-        }),
-        op("aten::_upsample_nearest_exact2d", |b| {
-            nearest(b, 2, true, false)
-        }),
-        op("aten::_upsample_nearest_exact2d.out", |b| {
-            nearest(b, 2, true, false)
-        }),
-        op("aten::_upsample_nearest_exact2d_backward", |b| {
-            nearest(b, 2, true, true)
-        }),
-        op("aten::_upsample_nearest_exact2d_backward.grad_input", |b| {
-            nearest(b, 2, true, true)
-        }),
-        op("aten::upsample_nearest3d", |b| nearest(b, 3, false, false)),
-        op("aten::upsample_nearest3d.out", |b| {
-            nearest(b, 3, false, false)
-        }),
-        op("aten::upsample_nearest3d_backward", |b| {
-            nearest(b, 3, false, true)
-        }),
-        op("aten::upsample_nearest3d_backward.grad_input", |b| {
-            nearest(b, 3, false, true)
-        }),
-        op("aten::_upsample_nearest_exact3d", |b| {
-            nearest(b, 3, true, false)
-        }),
-        op("aten::_upsample_nearest_exact3d.out", |b| {
-            nearest(b, 3, true, false)
-        }),
-        op("aten::_upsample_nearest_exact3d_backward", |b| {
-            nearest(b, 3, true, true)
-        }),
-        op("aten::_upsample_nearest_exact3d_backward.grad_input", |b| {
-            nearest(b, 3, true, true)
-        }),
-        op("aten::upsample_linear1d", |b| linear(b, 1, false)),
-        op("aten::upsample_linear1d.out", |b| linear(b, 1, false)),
-        op("aten::upsample_linear1d_backward", |b| linear(b, 1, true)),
-        op("aten::upsample_linear1d_backward.grad_input", |b| {
-            linear(b, 1, true)
-        }),
-        op("aten::upsample_bilinear2d", |b| linear(b, 2, false)),
-        op("aten::upsample_bilinear2d.out", |b| linear(b, 2, false)),
-        op("aten::upsample_bilinear2d_backward", |b| linear(b, 2, true)),
-        op("aten::upsample_bilinear2d_backward.grad_input", |b| {
-            linear(b, 2, true)
-        }),
-        op("aten::upsample_trilinear3d", |b| linear(b, 3, false)),
-        op("aten::upsample_trilinear3d.out", |b| linear(b, 3, false)),
-        op("aten::upsample_trilinear3d_backward", |b| {
-            linear(b, 3, true)
-        }),
-        op("aten::upsample_trilinear3d_backward.grad_input", |b| {
-            linear(b, 3, true)
-        }),
-        op("aten::reflection_pad1d", |b| pad(b, 1, true, false)),
-        op("aten::reflection_pad1d.out", |b| pad(b, 1, true, false)),
-        op("aten::reflection_pad1d_backward", |b| pad(b, 1, true, true)),
-        op("aten::reflection_pad1d_backward.grad_input", |b| {
-            pad(b, 1, true, true)
-        }),
-        op("aten::reflection_pad2d", |b| pad(b, 2, true, false)),
-        op("aten::reflection_pad2d.out", |b| pad(b, 2, true, false)),
-        op("aten::reflection_pad2d_backward", |b| pad(b, 2, true, true)),
-        op("aten::reflection_pad2d_backward.grad_input", |b| {
-            pad(b, 2, true, true)
-        }),
-        op("aten::replication_pad1d", |b| pad(b, 1, false, false)),
-        op("aten::replication_pad1d.out", |b| pad(b, 1, false, false)),
-        op("aten::replication_pad1d_backward", |b| {
-            pad(b, 1, false, true)
-        }),
-        op("aten::replication_pad1d_backward.grad_input", |b| {
-            pad(b, 1, false, true)
-        }),
-        op("aten::replication_pad2d", |b| pad(b, 2, false, false)),
-        op("aten::replication_pad2d.out", |b| pad(b, 2, false, false)),
-        op("aten::replication_pad2d_backward", |b| {
-            pad(b, 2, false, true)
-        }),
-        op("aten::replication_pad2d_backward.grad_input", |b| {
-            pad(b, 2, false, true)
-        }),
+    [
+        with_backward!("aten::upsample_nearest1d", nearest(1, false)),
+        with_backward!("aten::upsample_nearest2d", nearest(2, false)),
+        with_backward!("aten::upsample_nearest3d", nearest(3, false)),
+        with_backward!("aten::_upsample_nearest_exact1d", nearest(1, true)),
+        with_backward!("aten::_upsample_nearest_exact2d", nearest(2, true)),
+        with_backward!("aten::_upsample_nearest_exact3d", nearest(3, true)),
+        with_backward!("aten::upsample_linear1d", linear(1)),
+        with_backward!("aten::upsample_bilinear2d", linear(2)),
+        with_backward!("aten::upsample_trilinear3d", linear(3)),
     ]
+    .into_iter()
+    .flatten()
+    .collect()
 }

@@ -1,33 +1,11 @@
-//! Normalisation (layer, batch, group norm, with backwards) and the
-//! embedding backward.
+//! Normalisation: layer, batch and group norm, with backwards. Statistics
+//! are computed in float32 for 16-bit inputs, as ATen does.
 
-use super::{is_float, op, OpDef};
+use super::{accumulate_dtype, broadcast_scalar, float_input, output_if, Arith, OpDef};
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Literal, ReduceOp, UnaryOp, ValueId};
-
-/// Statistics are computed in float32 for 16-bit inputs, as ATen does.
-fn compute_dtype(dtype: DType) -> DType {
-    if matches!(dtype, DType::F16 | DType::BF16) {
-        DType::F32
-    } else {
-        dtype
-    }
-}
-
-fn float_arg(b: &mut Builder, index: usize) -> Result<(ValueId, DType, Vec<i64>)> {
-    let view = b.tensor_arg(index)?.view.clone();
-    if !is_float(view.dtype) {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a floating point tensor",
-            view.dtype,
-        ));
-    }
-    let x = b.tensor(index)?;
-    Ok((x, view.dtype, view.sizes))
-}
 
 /// Optional tensor argument `index` as a value of `dtype`, reshaped to `dims`.
 fn optional(b: &mut Builder, index: usize, dtype: DType, dims: &[i64]) -> Result<Option<ValueId>> {
@@ -39,6 +17,18 @@ fn optional(b: &mut Builder, index: usize, dtype: DType, dims: &[i64]) -> Result
     Ok(Some(b.reshape(v, dims)?))
 }
 
+/// Tensor argument `index`, which must be present (`what` says why), as
+/// `optional` reads it.
+fn required(
+    b: &mut Builder,
+    index: usize,
+    dtype: DType,
+    dims: &[i64],
+    what: &str,
+) -> Result<ValueId> {
+    optional(b, index, dtype, dims)?.ok_or_else(|| b.arg_error(index, what, "None"))
+}
+
 /// `output_mask` (bool[3]) at `index`; absent means all.
 fn output_mask(b: &Builder, index: usize) -> Result<[bool; 3]> {
     match b.arg(index) {
@@ -46,16 +36,6 @@ fn output_mask(b: &Builder, index: usize) -> Result<[bool; 3]> {
         Ok(Arg::None) | Err(_) => Ok([true; 3]),
         Ok(other) => Err(b.arg_error(index, "output_mask of 3 bools", other.kind())),
     }
-}
-
-fn mul(b: &mut Builder, x: ValueId, y: ValueId) -> Result<ValueId> {
-    b.binary(BinaryOp::Mul, x, y)
-}
-fn sub(b: &mut Builder, x: ValueId, y: ValueId) -> Result<ValueId> {
-    b.binary(BinaryOp::Sub, x, y)
-}
-fn add(b: &mut Builder, x: ValueId, y: ValueId) -> Result<ValueId> {
-    b.binary(BinaryOp::Add, x, y)
 }
 
 /// Mean over `dims` of `x`, kept broadcastable to x's shape.
@@ -71,17 +51,49 @@ fn mean_keep(b: &mut Builder, x: ValueId, dims: &[i64]) -> Result<ValueId> {
     Ok(b.broadcast_in_dim(m, &shape, &keep))
 }
 
+/// The mean of `x` over `axis` and `rstd` (with eps at `eps_index`), both
+/// kept broadcastable, and `x - mean`.
+fn moments(
+    b: &mut Builder,
+    x: ValueId,
+    axis: i64,
+    eps_index: usize,
+) -> Result<(ValueId, ValueId, ValueId)> {
+    let mean = mean_keep(b, x, &[axis])?;
+    let centered = b.sub(x, mean)?;
+    let sq = b.mul(centered, centered)?;
+    let var = mean_keep(b, sq, &[axis])?;
+    let rstd = inv_std(b, var, eps_index)?;
+    Ok((mean, centered, rstd))
+}
+
+/// `y * weight + bias` for the optional weight and bias (arguments `first`
+/// and `first + 1`, of `size` elements) along dim 1 of `y`, in y's dtype.
+fn affine(b: &mut Builder, y: ValueId, first: usize, size: i64) -> Result<ValueId> {
+    let (dtype, dims) = (b.dtype(y), b.dims(y));
+    let mut y = y;
+    if let Some(w) = optional(b, first, dtype, &[size])? {
+        let w = b.broadcast_in_dim(w, &dims, &[1]);
+        y = b.mul(y, w)?;
+    }
+    if let Some(bias) = optional(b, first + 1, dtype, &[size])? {
+        let bias = b.broadcast_in_dim(bias, &dims, &[1]);
+        y = b.add(y, bias)?;
+    }
+    Ok(y)
+}
+
 /// 1 / sqrt(var + eps), with eps a device input.
 fn inv_std(b: &mut Builder, var: ValueId, eps_index: usize) -> Result<ValueId> {
     let eps = b.scalar_arg(eps_index, b.dtype(var))?;
     let eps = b.broadcast_to(eps, &b.dims(var))?;
-    let v = add(b, var, eps)?;
+    let v = b.add(var, eps)?;
     Ok(b.unary(UnaryOp::Rsqrt, v))
 }
 
 /// native_layer_norm(input, normalized_shape, weight?, bias?, eps).
 fn layer_norm(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_arg(b, 0)?;
+    let (x, dtype, dims) = float_input(b, 0)?;
     let normalized = b.int_list_arg(1)?;
     let axis = dims
         .len()
@@ -94,25 +106,14 @@ fn layer_norm(b: &mut Builder) -> Result<()> {
                 format!("{normalized:?}"),
             )
         })?;
-    let cd = compute_dtype(dtype);
+    let cd = accumulate_dtype(dtype);
     let m: i64 = dims[..axis].iter().product();
     let n: i64 = normalized.iter().product();
     let x = b.convert(x, cd);
     let x = b.reshape(x, &[m, n])?;
-    let mean = mean_keep(b, x, &[1])?;
-    let centered = sub(b, x, mean)?;
-    let sq = mul(b, centered, centered)?;
-    let var = mean_keep(b, sq, &[1])?;
-    let rstd = inv_std(b, var, 4)?;
-    let mut y = mul(b, centered, rstd)?;
-    if let Some(w) = optional(b, 2, cd, &[n])? {
-        let w = b.broadcast_in_dim(w, &[m, n], &[1]);
-        y = mul(b, y, w)?;
-    }
-    if let Some(bias) = optional(b, 3, cd, &[n])? {
-        let bias = b.broadcast_in_dim(bias, &[m, n], &[1]);
-        y = add(b, y, bias)?;
-    }
+    let (mean, centered, rstd) = moments(b, x, 1, 4)?;
+    let y = b.mul(centered, rstd)?;
+    let y = affine(b, y, 2, n)?;
     let y = b.reshape(y, &dims)?;
     let y = b.convert(y, dtype);
     b.output(y)?;
@@ -133,11 +134,11 @@ fn layer_norm(b: &mut Builder) -> Result<()> {
 /// native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
 /// weight?, bias?, output_mask).
 fn layer_norm_backward(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_arg(b, 1)?;
+    let (x, dtype, dims) = float_input(b, 1)?;
     let normalized = b.int_list_arg(2)?;
     let axis = dims.len().saturating_sub(normalized.len());
     let mask = output_mask(b, 7)?;
-    let cd = compute_dtype(dtype);
+    let cd = accumulate_dtype(dtype);
     let (m, n) = (
         dims[..axis].iter().product::<i64>(),
         normalized.iter().product::<i64>(),
@@ -147,41 +148,25 @@ fn layer_norm_backward(b: &mut Builder) -> Result<()> {
     let g = b.reshape(g, &[m, n])?;
     let x = b.convert(x, cd);
     let x = b.reshape(x, &[m, n])?;
-    let mean =
-        optional(b, 3, cd, &[m])?.ok_or_else(|| b.arg_error(3, "the forward's mean", "None"))?;
-    let rstd =
-        optional(b, 4, cd, &[m])?.ok_or_else(|| b.arg_error(4, "the forward's rstd", "None"))?;
-    let mean = b.broadcast_in_dim(mean, &[m, n], &[0]);
-    let rstd = b.broadcast_in_dim(rstd, &[m, n], &[0]);
-    let centered = sub(b, x, mean)?;
-    let xhat = mul(b, centered, rstd)?;
+    let (xhat, rstd) = saved_xhat(b, x, 3, cd, &[m], &[0])?;
     let weight = optional(b, 5, cd, &[n])?;
-    if mask[0] {
+    output_if(b, mask[0], |b| {
         let gw = match weight {
             Some(w) => {
                 let w = b.broadcast_in_dim(w, &[m, n], &[1]);
-                mul(b, g, w)?
+                b.mul(g, w)?
             }
             None => g,
         };
-        let a = mean_keep(b, gw, &[1])?;
-        let gx = mul(b, gw, xhat)?;
-        let c = mean_keep(b, gx, &[1])?;
-        let xc = mul(b, xhat, c)?;
-        let d = sub(b, gw, a)?;
-        let d = sub(b, d, xc)?;
-        let gi = mul(b, rstd, d)?;
+        let gi = normalized_input_grad(b, gw, xhat, rstd, 1)?;
         let gi = b.reshape(gi, &dims)?;
-        let gi = b.convert(gi, dtype);
-        b.output(gi)?;
-    } else {
-        b.none_output();
-    }
+        Ok(b.convert(gi, dtype))
+    })?;
     for (k, param) in [(1usize, 5usize), (2, 6)] {
         let present = b.opt_tensor_arg(param)?.map(|t| t.view.clone());
         match present {
             Some(view) if mask[k] => {
-                let term = if k == 1 { mul(b, g, xhat)? } else { g };
+                let term = if k == 1 { b.mul(g, xhat)? } else { g };
                 let s = b.reduce(term, ReduceOp::Sum, &[0]);
                 let s = b.reshape(s, &view.sizes)?;
                 let s = b.convert(s, view.dtype);
@@ -191,6 +176,45 @@ fn layer_norm_backward(b: &mut Builder) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// xhat = (x - mean) rstd from the forward's saved mean and rstd
+/// (arguments `stats` and `stats + 1`, of `stat_dims`, broadcast along
+/// `keep` to x's dims); returns xhat and the broadcast rstd.
+fn saved_xhat(
+    b: &mut Builder,
+    x: ValueId,
+    stats: usize,
+    cd: DType,
+    stat_dims: &[i64],
+    keep: &[i64],
+) -> Result<(ValueId, ValueId)> {
+    let dims = b.dims(x);
+    let mean = required(b, stats, cd, stat_dims, "the forward's mean")?;
+    let rstd = required(b, stats + 1, cd, stat_dims, "the forward's rstd")?;
+    let mean = b.broadcast_in_dim(mean, &dims, keep);
+    let rstd = b.broadcast_in_dim(rstd, &dims, keep);
+    let centered = b.sub(x, mean)?;
+    let xhat = b.mul(centered, rstd)?;
+    Ok((xhat, rstd))
+}
+
+/// rstd (gw - mean(gw) - xhat mean(gw xhat)), means over `axis`: the input
+/// gradient of a normalisation, with `gw` the weight-scaled gradient.
+fn normalized_input_grad(
+    b: &mut Builder,
+    gw: ValueId,
+    xhat: ValueId,
+    rstd: ValueId,
+    axis: i64,
+) -> Result<ValueId> {
+    let a = mean_keep(b, gw, &[axis])?;
+    let gx = b.mul(gw, xhat)?;
+    let c = mean_keep(b, gx, &[axis])?;
+    let xc = b.mul(xhat, c)?;
+    let d = b.sub(gw, a)?;
+    let d = b.sub(d, xc)?;
+    b.mul(rstd, d)
 }
 
 /// Dims reduced by batch norm: all but the channel dim 1.
@@ -207,7 +231,7 @@ fn per_channel(b: &mut Builder, v: ValueId, dims: &[i64]) -> ValueId {
 /// training, momentum, eps) -> (out, save_mean, save_invstd); training
 /// updates the running statistics in place.
 fn batch_norm(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_arg(b, 0)?;
+    let (x, dtype, dims) = float_input(b, 0)?;
     if dims.len() < 2 {
         return Err(Error::invalid(
             format!("{}: input", b.op_name()),
@@ -216,7 +240,7 @@ fn batch_norm(b: &mut Builder) -> Result<()> {
         ));
     }
     let c = dims[1];
-    let cd = compute_dtype(dtype);
+    let cd = accumulate_dtype(dtype);
     let training = b.bool_arg(5)?;
     let xc = b.convert(x, cd);
     let reduce = batch_dims(dims.len());
@@ -226,8 +250,8 @@ fn batch_norm(b: &mut Builder) -> Result<()> {
         let n = b.constant(Literal::Int(count), cd, &[c]);
         let mean = b.binary(BinaryOp::Div, s, n)?;
         let mb = per_channel(b, mean, &dims);
-        let centered = sub(b, xc, mb)?;
-        let sq = mul(b, centered, centered)?;
+        let centered = b.sub(xc, mb)?;
+        let sq = b.mul(centered, centered)?;
         let ss = b.reduce(sq, ReduceOp::Sum, &reduce);
         let var = b.binary(BinaryOp::Div, ss, n)?;
         let invstd = inv_std(b, var, 7)?;
@@ -240,37 +264,27 @@ fn batch_norm(b: &mut Builder) -> Result<()> {
                 let t = t.clone();
                 let old = b.read(&t)?;
                 let old = b.convert(old, cd);
-                let momentum = b.scalar_arg(6, cd)?;
-                let momentum = b.broadcast_to(momentum, &[c])?;
+                let momentum = broadcast_scalar(b, 6, cd, &[c])?;
                 let one = b.constant(Literal::Int(1), cd, &[c]);
-                let keep = sub(b, one, momentum)?;
-                let kept = mul(b, keep, old)?;
-                let fresh = mul(b, momentum, stat)?;
-                let updated = add(b, kept, fresh)?;
+                let keep = b.sub(one, momentum)?;
+                let kept = b.mul(keep, old)?;
+                let fresh = b.mul(momentum, stat)?;
+                let updated = b.add(kept, fresh)?;
                 b.write(&t, updated)?;
             }
         }
         (mean, invstd)
     } else {
-        let rm = optional(b, 3, cd, &[c])?
-            .ok_or_else(|| b.arg_error(3, "running_mean in eval mode", "None"))?;
-        let rv = optional(b, 4, cd, &[c])?
-            .ok_or_else(|| b.arg_error(4, "running_var in eval mode", "None"))?;
+        let rm = required(b, 3, cd, &[c], "running_mean in eval mode")?;
+        let rv = required(b, 4, cd, &[c], "running_var in eval mode")?;
         let invstd = inv_std(b, rv, 7)?;
         (rm, invstd)
     };
     let mb = per_channel(b, mean_c, &dims);
     let ib = per_channel(b, invstd_c, &dims);
-    let centered = sub(b, xc, mb)?;
-    let mut y = mul(b, centered, ib)?;
-    if let Some(w) = optional(b, 1, cd, &[c])? {
-        let w = per_channel(b, w, &dims);
-        y = mul(b, y, w)?;
-    }
-    if let Some(bias) = optional(b, 2, cd, &[c])? {
-        let bias = per_channel(b, bias, &dims);
-        y = add(b, y, bias)?;
-    }
+    let centered = b.sub(xc, mb)?;
+    let y = b.mul(centered, ib)?;
+    let y = affine(b, y, 1, c)?;
     let y = b.convert(y, dtype);
     b.output(y)?;
     if training {
@@ -288,9 +302,9 @@ fn batch_norm(b: &mut Builder) -> Result<()> {
 /// native_batch_norm_backward(grad_out, input, weight?, running_mean?,
 /// running_var?, save_mean?, save_invstd?, train, eps, output_mask).
 fn batch_norm_backward(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_arg(b, 1)?;
+    let (x, dtype, dims) = float_input(b, 1)?;
     let c = dims[1];
-    let cd = compute_dtype(dtype);
+    let cd = accumulate_dtype(dtype);
     let train = b.bool_arg(7)?;
     let mask = output_mask(b, 9)?;
     let reduce = batch_dims(dims.len());
@@ -299,59 +313,47 @@ fn batch_norm_backward(b: &mut Builder) -> Result<()> {
     let g = b.convert(g, cd);
     let xc = b.convert(x, cd);
     let (mean, invstd) = if train {
-        let m = optional(b, 5, cd, &[c])?
-            .ok_or_else(|| b.arg_error(5, "save_mean in training", "None"))?;
-        let i = optional(b, 6, cd, &[c])?
-            .ok_or_else(|| b.arg_error(6, "save_invstd in training", "None"))?;
+        let m = required(b, 5, cd, &[c], "save_mean in training")?;
+        let i = required(b, 6, cd, &[c], "save_invstd in training")?;
         (m, i)
     } else {
-        let m = optional(b, 3, cd, &[c])?
-            .ok_or_else(|| b.arg_error(3, "running_mean in eval", "None"))?;
-        let v = optional(b, 4, cd, &[c])?
-            .ok_or_else(|| b.arg_error(4, "running_var in eval", "None"))?;
+        let m = required(b, 3, cd, &[c], "running_mean in eval")?;
+        let v = required(b, 4, cd, &[c], "running_var in eval")?;
         (m, inv_std(b, v, 8)?)
     };
     let mb = per_channel(b, mean, &dims);
     let ib = per_channel(b, invstd, &dims);
-    let centered = sub(b, xc, mb)?;
-    let xhat = mul(b, centered, ib)?;
+    let centered = b.sub(xc, mb)?;
+    let xhat = b.mul(centered, ib)?;
     let weight = optional(b, 2, cd, &[c])?;
     let sum_g = b.reduce(g, ReduceOp::Sum, &reduce);
-    let gx = mul(b, g, xhat)?;
+    let gx = b.mul(g, xhat)?;
     let sum_gx = b.reduce(gx, ReduceOp::Sum, &reduce);
-    if mask[0] {
+    output_if(b, mask[0], |b| {
         let scale = match weight {
-            Some(w) => mul(b, w, invstd)?,
+            Some(w) => b.mul(w, invstd)?,
             None => invstd,
         };
         let scale = per_channel(b, scale, &dims);
         let gi = if train {
             // scale / n * (n g - sum(g) - xhat sum(g xhat))
             let n = b.constant(Literal::Int(count), cd, &dims);
-            let ng = mul(b, n, g)?;
+            let ng = b.mul(n, g)?;
             let sg = per_channel(b, sum_g, &dims);
             let sgx = per_channel(b, sum_gx, &dims);
-            let t = mul(b, xhat, sgx)?;
-            let d = sub(b, ng, sg)?;
-            let d = sub(b, d, t)?;
-            let sd = mul(b, scale, d)?;
+            let t = b.mul(xhat, sgx)?;
+            let d = b.sub(ng, sg)?;
+            let d = b.sub(d, t)?;
+            let sd = b.mul(scale, d)?;
             b.binary(BinaryOp::Div, sd, n)?
         } else {
-            mul(b, g, scale)?
+            b.mul(g, scale)?
         };
-        let gi = b.convert(gi, dtype);
-        b.output(gi)?;
-    } else {
-        b.none_output();
-    }
+        Ok(b.convert(gi, dtype))
+    })?;
     let weight_dtype = b.opt_tensor_arg(2)?.map(|t| t.view.dtype).unwrap_or(dtype);
     for (k, value) in [(1usize, sum_gx), (2, sum_g)] {
-        if mask[k] {
-            let v = b.convert(value, weight_dtype);
-            b.output(v)?;
-        } else {
-            b.none_output();
-        }
+        output_if(b, mask[k], |b| Ok(b.convert(value, weight_dtype)))?;
     }
     Ok(())
 }
@@ -377,26 +379,15 @@ fn group_geometry(b: &Builder, first: usize) -> Result<(i64, i64, i64, i64)> {
 /// native_group_norm(input, weight?, bias?, N, C, HxW, group, eps) ->
 /// (out, mean [N, G], rstd [N, G]).
 fn group_norm(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_arg(b, 0)?;
+    let (x, dtype, dims) = float_input(b, 0)?;
     let (n, c, hw, g) = group_geometry(b, 3)?;
-    let cd = compute_dtype(dtype);
+    let cd = accumulate_dtype(dtype);
     let x = b.convert(x, cd);
     let grouped = b.reshape(x, &[n, g, c / g * hw])?;
-    let mean = mean_keep(b, grouped, &[2])?;
-    let centered = sub(b, grouped, mean)?;
-    let sq = mul(b, centered, centered)?;
-    let var = mean_keep(b, sq, &[2])?;
-    let rstd = inv_std(b, var, 7)?;
-    let normed = mul(b, centered, rstd)?;
-    let mut y = b.reshape(normed, &[n, c, hw])?;
-    if let Some(w) = optional(b, 1, cd, &[c])? {
-        let w = b.broadcast_in_dim(w, &[n, c, hw], &[1]);
-        y = mul(b, y, w)?;
-    }
-    if let Some(bias) = optional(b, 2, cd, &[c])? {
-        let bias = b.broadcast_in_dim(bias, &[n, c, hw], &[1]);
-        y = add(b, y, bias)?;
-    }
+    let (mean, centered, rstd) = moments(b, grouped, 2, 7)?;
+    let normed = b.mul(centered, rstd)?;
+    let y = b.reshape(normed, &[n, c, hw])?;
+    let y = affine(b, y, 1, c)?;
     let y = b.reshape(y, &dims)?;
     let y = b.convert(y, dtype);
     b.output(y)?;
@@ -412,117 +403,52 @@ fn group_norm(b: &mut Builder) -> Result<()> {
 /// native_group_norm_backward(grad_out, input, mean, rstd, weight?, N, C,
 /// HxW, group, output_mask).
 fn group_norm_backward(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_arg(b, 1)?;
+    let (x, dtype, dims) = float_input(b, 1)?;
     let (n, c, hw, g) = group_geometry(b, 5)?;
     let mask = output_mask(b, 9)?;
-    let cd = compute_dtype(dtype);
+    let cd = accumulate_dtype(dtype);
     let d = c / g * hw;
     let gy = b.tensor(0)?;
     let gy = b.convert(gy, cd);
     let gy = b.reshape(gy, &[n, c, hw])?;
     let x = b.convert(x, cd);
     let xg = b.reshape(x, &[n, g, d])?;
-    let mean =
-        optional(b, 2, cd, &[n, g])?.ok_or_else(|| b.arg_error(2, "the forward's mean", "None"))?;
-    let rstd =
-        optional(b, 3, cd, &[n, g])?.ok_or_else(|| b.arg_error(3, "the forward's rstd", "None"))?;
-    let mean = b.broadcast_in_dim(mean, &[n, g, d], &[0, 1]);
-    let rstd = b.broadcast_in_dim(rstd, &[n, g, d], &[0, 1]);
-    let centered = sub(b, xg, mean)?;
-    let xhat = mul(b, centered, rstd)?;
+    let (xhat, rstd) = saved_xhat(b, xg, 2, cd, &[n, g], &[0, 1])?;
     let xhat_c = b.reshape(xhat, &[n, c, hw])?;
     let weight = optional(b, 4, cd, &[c])?;
-    if mask[0] {
+    output_if(b, mask[0], |b| {
         let gw = match weight {
             Some(w) => {
                 let w = b.broadcast_in_dim(w, &[n, c, hw], &[1]);
-                mul(b, gy, w)?
+                b.mul(gy, w)?
             }
             None => gy,
         };
         let gw = b.reshape(gw, &[n, g, d])?;
-        let a = mean_keep(b, gw, &[2])?;
-        let gx = mul(b, gw, xhat)?;
-        let m = mean_keep(b, gx, &[2])?;
-        let xm = mul(b, xhat, m)?;
-        let t = sub(b, gw, a)?;
-        let t = sub(b, t, xm)?;
-        let gi = mul(b, rstd, t)?;
+        let gi = normalized_input_grad(b, gw, xhat, rstd, 2)?;
         let gi = b.reshape(gi, &dims)?;
-        let gi = b.convert(gi, dtype);
-        b.output(gi)?;
-    } else {
-        b.none_output();
-    }
+        Ok(b.convert(gi, dtype))
+    })?;
     let param_dtype = b.opt_tensor_arg(4)?.map(|t| t.view.dtype).unwrap_or(dtype);
     for k in [1usize, 2] {
-        if mask[k] {
-            let term = if k == 1 { mul(b, gy, xhat_c)? } else { gy };
+        output_if(b, mask[k], |b| {
+            let term = if k == 1 { b.mul(gy, xhat_c)? } else { gy };
             let s = b.reduce(term, ReduceOp::Sum, &[0, 2]);
-            let s = b.convert(s, param_dtype);
-            b.output(s)?;
-        } else {
-            b.none_output();
-        }
+            Ok(b.convert(s, param_dtype))
+        })?;
     }
     Ok(())
 }
 
-/// embedding_dense_backward(grad_output, indices, num_weights, padding_idx,
-/// scale_grad_by_freq): rows of grad scatter-added at their indices.
-fn embedding_dense_backward(b: &mut Builder) -> Result<()> {
-    let (g, dtype, gdims) = float_arg(b, 0)?;
-    let index_view = b.tensor_arg(1)?.view.clone();
-    let num_weights = b.int_arg(2)?;
-    let padding_idx = b.int_arg(3)?;
-    let scale_by_freq = b.bool_arg(4)?;
-    let d = *gdims
-        .last()
-        .ok_or_else(|| b.arg_error(0, "a gradient of rank >= 1", "a scalar"))?;
-    let n = index_view.numel() as i64;
-    let g = b.reshape(g, &[n, d])?;
-    let idx = b.tensor(1)?;
-    let idx = b.convert(idx, DType::I64);
-    let idx = b.reshape(idx, &[n])?;
-    let mut rows = g;
-    let pad = b.constant(Literal::Int(padding_idx), DType::I64, &[n]);
-    let not_pad = b.compare(crate::ir::CompareDir::Ne, idx, pad)?;
-    let zero = b.constant(Literal::Int(0), dtype, &[n]);
-    let one = b.constant(Literal::Int(1), dtype, &[n]);
-    let keep = b.select(not_pad, one, zero)?;
-    if scale_by_freq {
-        // Divide each row by how often its index occurs.
-        let counts = b.constant(Literal::Int(0), dtype, &[num_weights]);
-        let counts = b.flat_scatter_add(counts, idx, one);
-        let per_row = b.flat_gather(counts, idx);
-        let scale = b.binary(BinaryOp::Div, keep, per_row)?;
-        let scale = b.broadcast_in_dim(scale, &[n, d], &[0]);
-        rows = mul(b, rows, scale)?;
-    } else {
-        let keep = b.broadcast_in_dim(keep, &[n, d], &[0]);
-        rows = mul(b, rows, keep)?;
-    }
-    let row_index = b.broadcast_in_dim(idx, &[n, d], &[0]);
-    let width = b.constant(Literal::Int(d), DType::I64, &[n, d]);
-    let base = mul(b, row_index, width)?;
-    let col = b.iota(DType::I64, &[n, d], 1);
-    let flat_index = add(b, base, col)?;
-    let out = b.constant(Literal::Int(0), dtype, &[num_weights * d]);
-    let out = b.flat_scatter_add(out, flat_index, rows);
-    let out = b.reshape(out, &[num_weights, d])?;
-    b.output(out)
-}
-
 pub(super) fn ops() -> Vec<OpDef> {
     vec![
-        op("aten::native_layer_norm", layer_norm),
-        op("aten::native_layer_norm_backward", layer_norm_backward),
-        op("aten::native_batch_norm", batch_norm),
+        op!("aten::native_layer_norm", layer_norm()),
+        op!("aten::native_layer_norm_backward", layer_norm_backward()),
+        op!("aten::native_batch_norm", batch_norm()),
         // Same arguments as native_batch_norm (running stats required).
-        op("aten::_native_batch_norm_legit", batch_norm),
-        op("aten::native_batch_norm_backward", batch_norm_backward),
-        op("aten::embedding_dense_backward", embedding_dense_backward),
-        op("aten::native_group_norm", group_norm),
-        op("aten::native_group_norm_backward", group_norm_backward),
+        op!("aten::_native_batch_norm_legit", batch_norm()),
+        op!("aten::native_batch_norm_backward", batch_norm_backward()),
+        op!("aten::native_group_norm", group_norm()),
+        op!("aten::native_group_norm_backward", group_norm_backward()),
     ]
 }

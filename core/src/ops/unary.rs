@@ -1,0 +1,476 @@
+//! Unary elementwise ops: float math, rounding and sign, negation and
+//! absolute value, bitwise/logical not, nan_to_num, logit.
+
+use super::{accumulate_dtype, finish, is_float, is_integral, Arith, Form, OpDef};
+use crate::builder::{Arg, Builder};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::{BinaryOp, CompareDir, Literal, UnaryOp, ValueId};
+
+/// Unary float functions; integer and bool inputs compute in float32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Unary {
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Tanh,
+    Sigmoid,
+    Erf,
+    Erfc,
+    ErfInv,
+    Lgamma,
+    Digamma,
+    Log1p,
+    Expm1,
+    Sin,
+    Cos,
+    Tan,
+    Atan,
+    Asin,
+    Acos,
+    Sinh,
+    Cosh,
+    Asinh,
+    Acosh,
+    Atanh,
+    Log2,
+    Log10,
+    Reciprocal,
+    Exp2,
+    Sinc,
+    Angle,
+    Ndtri,
+    Entr,
+    Hardsigmoid,
+    Mish,
+}
+
+impl Unary {
+    /// Complex inputs keep their dtype (the others compute in float32).
+    fn keeps_complex(self) -> bool {
+        use Unary::*;
+        matches!(self, Exp | Log | Sqrt | Rsqrt | Tanh | Sigmoid)
+    }
+
+    /// Composite formulas compute 16-bit floats in float32 and round once.
+    fn widens(self) -> bool {
+        use Unary::*;
+        matches!(
+            self,
+            Exp2 | Sinc | Angle | Ndtri | Entr | Hardsigmoid | Mish
+        )
+    }
+}
+
+/// `f(x)` for a float `x`.
+fn apply(b: &mut Builder, f: Unary, x: ValueId) -> Result<ValueId> {
+    let dims = b.dims(x);
+    let dtype = b.dtype(x);
+    let op = match f {
+        Unary::Exp => UnaryOp::Exp,
+        Unary::Log => UnaryOp::Log,
+        Unary::Sqrt => UnaryOp::Sqrt,
+        Unary::Rsqrt => UnaryOp::Rsqrt,
+        Unary::Tanh => UnaryOp::Tanh,
+        Unary::Sigmoid => UnaryOp::Logistic,
+        Unary::Erf => UnaryOp::Erf,
+        Unary::Erfc => UnaryOp::Erfc,
+        Unary::ErfInv => UnaryOp::ErfInv,
+        Unary::Lgamma => UnaryOp::Lgamma,
+        Unary::Digamma => UnaryOp::Digamma,
+        Unary::Log1p => UnaryOp::Log1p,
+        Unary::Expm1 => UnaryOp::Expm1,
+        Unary::Sin => UnaryOp::Sin,
+        Unary::Cos => UnaryOp::Cos,
+        Unary::Tan => UnaryOp::Tan,
+        Unary::Atan => UnaryOp::Atan,
+        Unary::Asin => UnaryOp::Asin,
+        Unary::Acos => UnaryOp::Acos,
+        Unary::Sinh => UnaryOp::Sinh,
+        Unary::Cosh => UnaryOp::Cosh,
+        Unary::Asinh => UnaryOp::Asinh,
+        Unary::Acosh => UnaryOp::Acosh,
+        Unary::Atanh => UnaryOp::Atanh,
+        composite => return composite_unary(b, composite, x, dtype, &dims),
+    };
+    Ok(b.unary(op, x))
+}
+
+/// The functions that are formulas over IR ops.
+fn composite_unary(
+    b: &mut Builder,
+    f: Unary,
+    x: ValueId,
+    dtype: DType,
+    dims: &[i64],
+) -> Result<ValueId> {
+    Ok(match f {
+        Unary::Log2 | Unary::Log10 => {
+            let ln = b.unary(UnaryOp::Log, x);
+            let base_ln = if f == Unary::Log2 {
+                std::f64::consts::LN_2
+            } else {
+                std::f64::consts::LN_10
+            };
+            let c = b.constant(Literal::Float(1.0 / base_ln), dtype, dims);
+            b.mul(ln, c)?
+        }
+        Unary::Reciprocal => {
+            let one = b.constant(Literal::Int(1), dtype, dims);
+            b.div(one, x)?
+        }
+        Unary::Exp2 => {
+            let ln2 = b.float_like(std::f64::consts::LN_2, x);
+            let s = b.mul(x, ln2)?;
+            b.unary(UnaryOp::Exp, s)
+        }
+        Unary::Sinc => {
+            let pi = b.float_like(std::f64::consts::PI, x);
+            let px = b.mul(x, pi)?;
+            let s = b.unary(UnaryOp::Sin, px);
+            let q = b.div(s, px)?;
+            let zero = b.float_like(0.0, x);
+            let at_zero = b.compare(CompareDir::Eq, x, zero)?;
+            let one = b.float_like(1.0, x);
+            b.select(at_zero, one, q)?
+        }
+        Unary::Angle => {
+            let zero = b.float_like(0.0, x);
+            let negative = b.compare(CompareDir::Lt, x, zero)?;
+            let pi = b.float_like(std::f64::consts::PI, x);
+            let a = b.select(negative, pi, zero)?;
+            let nan = b.is_nan(x)?;
+            b.select(nan, x, a)?
+        }
+        Unary::Ndtri => {
+            let two = b.float_like(2.0, x);
+            let t = b.mul(x, two)?;
+            let one = b.float_like(1.0, x);
+            let t = b.sub(t, one)?;
+            let e = b.unary(UnaryOp::ErfInv, t);
+            let sqrt2 = b.float_like(std::f64::consts::SQRT_2, e);
+            b.mul(e, sqrt2)?
+        }
+        Unary::Entr => {
+            let l = b.unary(UnaryOp::Log, x);
+            let v = b.mul(x, l)?;
+            let v = b.unary(UnaryOp::Neg, v);
+            let zero = b.float_like(0.0, x);
+            let is_zero = b.compare(CompareDir::Eq, x, zero)?;
+            let negative = b.compare(CompareDir::Lt, x, zero)?;
+            let v = b.select(is_zero, zero, v)?;
+            let neg_inf = b.float_like(f64::NEG_INFINITY, x);
+            b.select(negative, neg_inf, v)?
+        }
+        Unary::Hardsigmoid => {
+            let three = b.float_like(3.0, x);
+            let t = b.add(x, three)?;
+            let zero = b.float_like(0.0, x);
+            let t = b.binary(BinaryOp::Max, t, zero)?;
+            let six = b.float_like(6.0, x);
+            let t = b.binary(BinaryOp::Min, t, six)?;
+            let six = b.float_like(6.0, x);
+            b.div(t, six)?
+        }
+        // Mish: the other functions are IR ops, lowered by `apply`.
+        _ => {
+            let e = b.unary(UnaryOp::Exp, x);
+            let sp = b.unary(UnaryOp::Log1p, e);
+            // softplus(x) = x for large x (exp overflows).
+            let large = b.float_like(20.0, x);
+            let big = b.compare(CompareDir::Gt, x, large)?;
+            let sp = b.select(big, x, sp)?;
+            let t = b.unary(UnaryOp::Tanh, sp);
+            b.mul(x, t)?
+        }
+    })
+}
+
+fn float_unary(b: &mut Builder, f: Unary, form: Form) -> Result<()> {
+    let input = b.tensor_arg(0)?.view.dtype;
+    let complex = matches!(input, DType::C64 | DType::C128);
+    let dtype = if is_float(input) || complex && f.keeps_complex() {
+        input
+    } else {
+        DType::F32
+    };
+    let compute = if f.widens() {
+        accumulate_dtype(dtype)
+    } else {
+        dtype
+    };
+    let x = b.tensor(0)?;
+    let x = b.convert(x, compute);
+    let out = apply(b, f, x)?;
+    let out = b.convert(out, dtype);
+    finish(b, form, out)
+}
+
+/// Rounding and sign ops, which keep the dtype (identity on integers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rounding {
+    Floor,
+    Ceil,
+    Round,
+    Trunc,
+    Frac,
+    Sign,
+}
+
+fn rounding(b: &mut Builder, kind: Rounding, form: Form) -> Result<()> {
+    let x = b.tensor(0)?;
+    let dtype = b.dtype(x);
+    let out = if !is_float(dtype) {
+        match kind {
+            Rounding::Sign if dtype == DType::Bool => x,
+            Rounding::Sign => b.unary(UnaryOp::Sign, x),
+            Rounding::Frac => {
+                return Err(Error::invalid(
+                    format!("{}: input", b.op_name()),
+                    "a floating point tensor",
+                    dtype,
+                ))
+            }
+            _ => x,
+        }
+    } else {
+        match kind {
+            Rounding::Floor => b.unary(UnaryOp::Floor, x),
+            Rounding::Ceil => b.unary(UnaryOp::Ceil, x),
+            Rounding::Round => b.unary(UnaryOp::RoundNearestEven, x),
+            Rounding::Sign => b.unary(UnaryOp::Sign, x),
+            Rounding::Trunc | Rounding::Frac => {
+                let t = trunc(b, x)?;
+                if kind == Rounding::Frac {
+                    b.sub(x, t)?
+                } else {
+                    t
+                }
+            }
+        }
+    };
+    finish(b, form, out)
+}
+
+/// trunc(x) = sign(x) * floor(|x|), for floats.
+pub(super) fn trunc(b: &mut Builder, x: ValueId) -> Result<ValueId> {
+    let a = b.unary(UnaryOp::Abs, x);
+    let f = b.unary(UnaryOp::Floor, a);
+    let s = b.unary(UnaryOp::Sign, x);
+    b.mul(s, f)
+}
+
+/// Unary ops that keep the input dtype.
+fn same_unary(
+    b: &mut Builder,
+    f: fn(&mut Builder, ValueId) -> Result<ValueId>,
+    form: Form,
+) -> Result<()> {
+    let x = b.tensor(0)?;
+    let out = f(b, x)?;
+    finish(b, form, out)
+}
+
+/// Errors for a bool `x`, which the op cannot take (`expected` says what
+/// it can).
+fn reject_bool(b: &Builder, x: ValueId, expected: &str) -> Result<()> {
+    if b.dtype(x) == DType::Bool {
+        return Err(Error::invalid(
+            format!("{}: input", b.op_name()),
+            expected,
+            "bool",
+        ));
+    }
+    Ok(())
+}
+
+fn relu(b: &mut Builder, x: ValueId) -> Result<ValueId> {
+    reject_bool(b, x, "a numeric tensor")?;
+    let zero = b.constant(Literal::Int(0), b.dtype(x), &b.dims(x));
+    b.binary(BinaryOp::Max, x, zero)
+}
+
+fn neg(b: &mut Builder, x: ValueId) -> Result<ValueId> {
+    reject_bool(b, x, "a numeric tensor (use ~ or logical_not for bools)")?;
+    Ok(b.unary(UnaryOp::Neg, x))
+}
+
+fn abs(b: &mut Builder, x: ValueId) -> Result<ValueId> {
+    if b.dtype(x) == DType::Bool
+        || matches!(b.dtype(x), DType::U8 | DType::U16 | DType::U32 | DType::U64)
+    {
+        return Ok(x);
+    }
+    Ok(b.unary(UnaryOp::Abs, x))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Not {
+    /// bitwise_not: integers and bool.
+    Bitwise,
+    /// logical_not: to bool.
+    Logical,
+}
+
+fn not(b: &mut Builder, kind: Not, form: Form) -> Result<()> {
+    let x = b.tensor(0)?;
+    let dtype = b.dtype(x);
+    let out = if kind == Not::Logical {
+        let as_bool = b.convert(x, DType::Bool);
+        let n = b.unary(UnaryOp::Not, as_bool);
+        if form == Form::InPlace {
+            b.convert(n, dtype)
+        } else {
+            n
+        }
+    } else {
+        if !is_integral(dtype, true) {
+            return Err(Error::invalid(
+                format!("{}: input", b.op_name()),
+                "an integer or bool tensor",
+                dtype,
+            ));
+        }
+        b.unary(UnaryOp::Not, x)
+    };
+    finish(b, form, out)
+}
+
+/// nan_to_num(self, nan?, posinf?, neginf?).
+fn nan_to_num(b: &mut Builder, form: Form) -> Result<()> {
+    let x = b.tensor(0)?;
+    let (dtype, dims) = (b.dtype(x), b.dims(x));
+    if !is_float(dtype) {
+        return finish(b, form, x);
+    }
+    let (max, min) = match dtype {
+        DType::F16 => (65504.0, -65504.0),
+        DType::BF16 => (3.389_531_389_251_535_5e38, -3.389_531_389_251_535_5e38),
+        DType::F32 => (f32::MAX as f64, f32::MIN as f64),
+        _ => (f64::MAX, f64::MIN),
+    };
+    let value = |b: &mut Builder, index: usize, default: f64| -> Result<ValueId> {
+        let v = match b.arg(index) {
+            Ok(Arg::None) | Err(_) => b.scalar_input(Literal::Float(default), dtype),
+            Ok(_) => b.scalar_arg(index, dtype)?,
+        };
+        b.broadcast_to(v, &dims)
+    };
+    let (nan_v, pos_v, neg_v) = (value(b, 1, 0.0)?, value(b, 2, max)?, value(b, 3, min)?);
+    let inf = b.float_like(f64::INFINITY, x);
+    let ninf = b.float_like(f64::NEG_INFINITY, x);
+    let nan = b.is_nan(x)?;
+    let pos = b.compare(CompareDir::Eq, x, inf)?;
+    let neg = b.compare(CompareDir::Eq, x, ninf)?;
+    let out = b.select(nan, nan_v, x)?;
+    let out = b.select(pos, pos_v, out)?;
+    let out = b.select(neg, neg_v, out)?;
+    finish(b, form, out)
+}
+
+/// logit(self, eps?) = log(z / (1 - z)), z = clamp(self, eps, 1 - eps).
+fn logit(b: &mut Builder, form: Form) -> Result<()> {
+    let input = b.tensor_arg(0)?.view.dtype;
+    let dtype = if is_float(input) { input } else { DType::F32 };
+    let x = b.tensor(0)?;
+    let x = b.convert(x, accumulate_dtype(dtype));
+    let z = match b.arg(1) {
+        Ok(Arg::None) | Err(_) => x,
+        Ok(_) => {
+            let eps = b.float_arg(1)?;
+            let lo = b.float_like(eps, x);
+            let hi = b.float_like(1.0 - eps, x);
+            let z = b.binary(BinaryOp::Max, x, lo)?;
+            b.binary(BinaryOp::Min, z, hi)?
+        }
+    };
+    let one = b.float_like(1.0, z);
+    let omz = b.sub(one, z)?;
+    let r = b.div(z, omz)?;
+    let out = b.unary(UnaryOp::Log, r);
+    let out = b.convert(out, dtype);
+    finish(b, form, out)
+}
+
+/// round.decimals(self, *, decimals), with ATen's scaling by 10^|d|.
+fn round_decimals(b: &mut Builder, form: Form) -> Result<()> {
+    let x = b.tensor(0)?;
+    let decimals = b.int_arg(1)?;
+    let dtype = b.dtype(x);
+    if !is_float(dtype) {
+        return finish(b, form, x);
+    }
+    let acc = accumulate_dtype(dtype);
+    let x = b.convert(x, acc);
+    let p = b.float_like(10f64.powi(decimals.unsigned_abs() as i32), x);
+    let out = if decimals >= 0 {
+        let s = b.mul(x, p)?;
+        let r = b.unary(UnaryOp::RoundNearestEven, s);
+        b.div(r, p)?
+    } else {
+        let s = b.div(x, p)?;
+        let r = b.unary(UnaryOp::RoundNearestEven, s);
+        b.mul(r, p)?
+    };
+    let out = b.convert(out, dtype);
+    finish(b, form, out)
+}
+
+pub(super) fn ops() -> Vec<OpDef> {
+    use Form::Functional as F;
+    use Unary::*;
+    let mut ops = vec![
+        op!("aten::relu", same_unary(relu, F)),
+        op!("aten::relu_", same_unary(relu, Form::InPlace)),
+    ];
+    ops.extend(forms!("aten::exp", float_unary(Exp)));
+    ops.extend(forms!("aten::log", float_unary(Log)));
+    ops.extend(forms!("aten::sqrt", float_unary(Sqrt)));
+    ops.extend(forms!("aten::rsqrt", float_unary(Rsqrt)));
+    ops.extend(forms!("aten::tanh", float_unary(Tanh)));
+    ops.extend(forms!("aten::sigmoid", float_unary(Sigmoid)));
+    ops.extend(forms!("aten::erf", float_unary(Erf)));
+    ops.extend(forms!("aten::erfc", float_unary(Erfc)));
+    ops.extend(forms!("aten::erfinv", float_unary(ErfInv)));
+    ops.extend(forms!("aten::lgamma", float_unary(Lgamma)));
+    ops.extend(forms!("aten::digamma", float_unary(Digamma)));
+    ops.extend(forms!("aten::log1p", float_unary(Log1p)));
+    ops.extend(forms!("aten::expm1", float_unary(Expm1)));
+    ops.extend(forms!("aten::sin", float_unary(Sin)));
+    ops.extend(forms!("aten::cos", float_unary(Cos)));
+    ops.extend(forms!("aten::tan", float_unary(Tan)));
+    ops.extend(forms!("aten::atan", float_unary(Atan)));
+    ops.extend(forms!("aten::asin", float_unary(Asin)));
+    ops.extend(forms!("aten::acos", float_unary(Acos)));
+    ops.extend(forms!("aten::sinh", float_unary(Sinh)));
+    ops.extend(forms!("aten::cosh", float_unary(Cosh)));
+    ops.extend(forms!("aten::asinh", float_unary(Asinh)));
+    ops.extend(forms!("aten::acosh", float_unary(Acosh)));
+    ops.extend(forms!("aten::atanh", float_unary(Atanh)));
+    ops.extend(forms!("aten::log2", float_unary(Log2)));
+    ops.extend(forms!("aten::log10", float_unary(Log10)));
+    ops.extend(forms!("aten::reciprocal", float_unary(Reciprocal)));
+    ops.extend(forms!("aten::exp2", float_unary(Exp2)));
+    ops.extend(forms!("aten::sinc", float_unary(Sinc)));
+    ops.extend(forms!("aten::hardsigmoid", float_unary(Hardsigmoid)));
+    ops.extend(forms!("aten::mish", float_unary(Mish)));
+    ops.extend(with_out!("aten::angle", float_unary(Angle, F)));
+    ops.extend(with_out!("aten::special_ndtri", float_unary(Ndtri, F)));
+    ops.extend(with_out!("aten::special_entr", float_unary(Entr, F)));
+    ops.extend(forms!("aten::floor", rounding(Rounding::Floor)));
+    ops.extend(forms!("aten::ceil", rounding(Rounding::Ceil)));
+    ops.extend(forms!("aten::round", rounding(Rounding::Round)));
+    ops.extend(forms!("aten::trunc", rounding(Rounding::Trunc)));
+    ops.extend(forms!("aten::frac", rounding(Rounding::Frac)));
+    ops.extend(forms!("aten::sign", rounding(Rounding::Sign)));
+    ops.extend(forms!("aten::sgn", rounding(Rounding::Sign)));
+    ops.extend(overloads!("aten::round", ["decimals"], round_decimals()));
+    ops.extend(forms!("aten::neg", same_unary(neg)));
+    ops.extend(forms!("aten::abs", same_unary(abs)));
+    ops.extend(forms!("aten::bitwise_not", not(Not::Bitwise)));
+    ops.extend(forms!("aten::logical_not", not(Not::Logical)));
+    ops.extend(forms!("aten::nan_to_num", nan_to_num()));
+    ops.extend(forms!("aten::logit", logit()));
+    ops
+}
