@@ -273,26 +273,17 @@ impl View {
 
 impl Storage {
     pub fn new(client: &Client, device_index: usize, nbytes: usize) -> Result<Arc<Storage>> {
-        let device = client.device(device_index)?;
         check_fits(
             client,
             device_index,
             || "a storage".to_string(),
             Some(nbytes as u64),
         )?;
-        Ok(Arc::new(Storage {
-            client: client.clone(),
-            device,
-            device_index,
-            state: Mutex::new(StorageState {
-                nbytes,
-                value: StorageValue::Zeros,
-                host_copy: None,
-            }),
-        }))
+        Storage::holding(client, device_index, nbytes, StorageValue::Zeros)
     }
 
-    /// A storage holding `buffer` (flat, `dtype`) as its value.
+    /// A storage holding `buffer` (flat, `dtype`) as its value. The buffer
+    /// exists, so its size needs no check.
     pub fn from_buffer(
         client: &Client,
         device_index: usize,
@@ -300,12 +291,29 @@ impl Storage {
         dtype: DType,
     ) -> Result<Arc<Storage>> {
         let nbytes = buffer.host_size()?;
-        let storage = Storage::new(client, device_index, nbytes)?;
-        storage.state().value = StorageValue::Buffer {
+        let value = StorageValue::Buffer {
             buffer: Arc::new(buffer),
             dtype,
         };
-        Ok(storage)
+        Storage::holding(client, device_index, nbytes, value)
+    }
+
+    fn holding(
+        client: &Client,
+        device_index: usize,
+        nbytes: usize,
+        value: StorageValue,
+    ) -> Result<Arc<Storage>> {
+        Ok(Arc::new(Storage {
+            client: client.clone(),
+            device: client.device(device_index)?,
+            device_index,
+            state: Mutex::new(StorageState {
+                nbytes,
+                value,
+                host_copy: None,
+            }),
+        }))
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, StorageState> {
