@@ -24,6 +24,13 @@ macro_rules! op {
     };
 }
 
+/// Several names lowered alike by `f(b, args..)`.
+macro_rules! aliases {
+    ([$($name:expr),+ $(,)?], $f:ident $args:tt) => {
+        [$(op!($name, $f $args)),+]
+    };
+}
+
 /// `name` and `name.out`, both lowered by `f(b, args..)`.
 macro_rules! with_out {
     ($name:literal, $f:ident $args:tt) => {
@@ -56,6 +63,17 @@ macro_rules! with_backward {
                 concat!($name, "_backward.grad_input"),
                 $f($($arg,)* $crate::ops::Pass::Backward)
             ),
+        ]
+    };
+}
+
+/// `name_backward` and `name_backward.grad_input`, lowered by
+/// `f(b, args..)`.
+macro_rules! backward_of {
+    ($name:literal, $f:ident $args:tt) => {
+        [
+            op!(concat!($name, "_backward"), $f $args),
+            op!(concat!($name, "_backward.grad_input"), $f $args),
         ]
     };
 }
@@ -603,6 +621,15 @@ pub(crate) fn require_nonempty_dim(b: &Builder, size: i64, sizes: &[i64]) -> Res
             "a non-empty dimension",
             format!("sizes {sizes:?}"),
         ));
+    }
+    Ok(())
+}
+
+/// Outputs `values` in order, each reshaped to `shape`.
+pub(crate) fn output_as(b: &mut Builder, shape: &[i64], values: &[ValueId]) -> Result<()> {
+    for &v in values {
+        let v = b.reshape(v, shape)?;
+        b.output(v)?;
     }
     Ok(())
 }

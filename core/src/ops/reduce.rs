@@ -4,8 +4,8 @@
 
 use super::{
     accumulate_dtype, all_dims, at_least_1d, finish, is_float, is_integral, keep_dims,
-    keepdim_shape, reduce_dims, reduced, reduced_shape, require_float, require_nonempty_dim,
-    wrap_dim, wrap_dims, Arith, Form, OpDef,
+    keepdim_shape, output_as, reduce_dims, reduced, reduced_shape, require_float,
+    require_nonempty_dim, wrap_dim, wrap_dims, Arith, Form, OpDef,
 };
 use crate::dtype::DType;
 use crate::engine::{Arg, Builder};
@@ -275,11 +275,7 @@ fn extreme_dim(b: &mut Builder, op: ReduceOp) -> Result<()> {
     let x = b.tensor(0)?;
     let x = b.reshape(x, &work)?;
     let (values, index) = extreme_and_index(b, x, op, d)?;
-    let shape = reduced_shape(&view.sizes, d, keepdim);
-    let values = b.reshape(values, &shape)?;
-    let index = b.reshape(index, &shape)?;
-    b.output(values)?;
-    b.output(index)
+    output_as(b, &reduced_shape(&view.sizes, d, keepdim), &[values, index])
 }
 
 /// cumsum/cumprod(self, dim, *, dtype) as a reduce_window over the prefix.
