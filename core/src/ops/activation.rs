@@ -122,14 +122,20 @@ fn gelu_exact(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     half_x_one_plus(e, x, erf)
 }
 
-fn gelu_tanh_inner(e: &mut Ew, x: ValueId) -> Result<ValueId> {
-    let c = e.c(GELU_CUBIC);
+/// √(2/π) (a + c p): with a = x, p = x³ the tanh-gelu inner term, with
+/// a = 1, p = x² and c tripled its derivative.
+fn scaled_cubic(e: &mut Ew, a: ValueId, c: f64, p: ValueId) -> Result<ValueId> {
+    let c = e.c(c);
     let k = e.c(SQRT_2_OVER_PI);
+    let cp = e.mul(c, p)?;
+    let s = e.add(a, cp)?;
+    e.mul(k, s)
+}
+
+fn gelu_tanh_inner(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let x2 = e.mul(x, x)?;
     let x3 = e.mul(x2, x)?;
-    let cx3 = e.mul(c, x3)?;
-    let s = e.add(x, cx3)?;
-    e.mul(k, s)
+    scaled_cubic(e, x, GELU_CUBIC, x3)
 }
 
 fn gelu_tanh(e: &mut Ew, x: ValueId) -> Result<ValueId> {
@@ -142,14 +148,19 @@ fn gelu_exact_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     // Φ(x) + x φ(x)
     let erf = erf_of_scaled(e, x)?;
     let cdf = half_one_plus(e, erf)?;
+    let pdf = normal_pdf(e, x)?;
+    let xpdf = e.mul(x, pdf)?;
+    e.add(cdf, xpdf)
+}
+
+/// φ(x) = exp(-x² / 2) / √(2π).
+fn normal_pdf(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let x2 = e.mul(x, x)?;
     let mhalf = e.c(-0.5);
     let ex = e.mul(mhalf, x2)?;
     let ex = e.unary(UnaryOp::Exp, ex);
     let norm = e.c(1.0 / (2.0 * std::f64::consts::PI).sqrt());
-    let pdf = e.mul(norm, ex)?;
-    let xpdf = e.mul(x, pdf)?;
-    e.add(cdf, xpdf)
+    e.mul(norm, ex)
 }
 
 fn gelu_tanh_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
@@ -161,11 +172,7 @@ fn gelu_tanh_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let t2 = e.mul(t, t)?;
     let sech2 = e.sub(one, t2)?;
     let x2 = e.mul(x, x)?;
-    let c3 = e.c(3.0 * GELU_CUBIC);
-    let c3x2 = e.mul(c3, x2)?;
-    let poly = e.add(one, c3x2)?;
-    let k = e.c(SQRT_2_OVER_PI);
-    let kp = e.mul(k, poly)?;
+    let kp = scaled_cubic(e, one, 3.0 * GELU_CUBIC, x2)?;
     let hx = e.mul(half, x)?;
     let a = e.mul(hx, sech2)?;
     let right = e.mul(a, kp)?;

@@ -488,14 +488,26 @@ pub(crate) fn wide_float(dtype: DType) -> DType {
 
 /// Errors unless `dtype` (of the op's `what`) is a floating point type.
 pub(crate) fn require_float(b: &Builder, what: &str, dtype: DType) -> Result<()> {
-    if !is_float(dtype) {
-        return Err(Error::invalid(
+    ensure(b, is_float(dtype), what, "a floating point tensor", dtype)
+}
+
+/// Errors unless `ok`, naming the op's `what` and what was `expected`.
+pub(crate) fn ensure(
+    b: &Builder,
+    ok: bool,
+    what: &str,
+    expected: impl std::fmt::Display,
+    got: impl std::fmt::Display,
+) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
             format!("{}: {what}", b.op_name()),
-            "a floating point tensor",
-            dtype,
-        ));
+            expected,
+            got,
+        ))
     }
-    Ok(())
 }
 
 /// Float tensor argument `index`: its value, dtype and sizes.
@@ -615,14 +627,8 @@ pub(crate) fn broadcast_scalar(
 
 /// Errors when the dim an op picks from (of `size`) is empty.
 pub(crate) fn require_nonempty_dim(b: &Builder, size: i64, sizes: &[i64]) -> Result<()> {
-    if size == 0 {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a non-empty dimension",
-            format!("sizes {sizes:?}"),
-        ));
-    }
-    Ok(())
+    let sizes = format!("sizes {sizes:?}");
+    ensure(b, size != 0, "input", "a non-empty dimension", sizes)
 }
 
 /// Outputs `values` in order, each reshaped to `shape`.

@@ -4,7 +4,7 @@
 //! backwards scatter-add into the input.
 
 use super::index::{host_values, plane_positions};
-use super::{accumulate_dtype, float_input, output_as, OpDef};
+use super::{accumulate_dtype, ensure, float_input, output_as, OpDef};
 use crate::dtype::DType;
 use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
@@ -21,6 +21,37 @@ struct Pool {
     p: [i64; 2],
     d: [i64; 2],
     out: [i64; 2],
+}
+
+impl Pool {
+    /// The windows of kernel `k`, stride `s`, padding `p` and dilation `d`
+    /// over `planes` planes of `h` x `w`.
+    fn new(
+        planes: i64,
+        [h, w]: [i64; 2],
+        k: [i64; 2],
+        s: [i64; 2],
+        p: [i64; 2],
+        d: [i64; 2],
+        ceil: bool,
+    ) -> Pool {
+        let out = [0, 1].map(|i| output_size([h, w][i], k[i], s[i], p[i], d[i], ceil));
+        Pool {
+            planes,
+            h,
+            w,
+            k,
+            s,
+            p,
+            d,
+            out,
+        }
+    }
+
+    /// Whether there is at least one window along each spatial dim.
+    fn has_windows(&self) -> bool {
+        self.out.iter().all(|&o| o >= 1)
+    }
 }
 
 fn pair(b: &Builder, index: usize, default: Option<[i64; 2]>) -> Result<[i64; 2]> {
@@ -59,26 +90,14 @@ fn planes_hw(sizes: &[i64]) -> (i64, i64, i64) {
 
 /// Errors unless `sizes` are an image's: (N, C, H, W) or (C, H, W).
 fn check_image(b: &Builder, sizes: &[i64]) -> Result<()> {
-    if !(3..=4).contains(&sizes.len()) {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a 3-D or 4-D input",
-            format!("{sizes:?}"),
-        ));
-    }
-    Ok(())
-}
-
-/// `output_size` for both spatial dims.
-fn output_sizes(
-    input: [i64; 2],
-    k: [i64; 2],
-    s: [i64; 2],
-    p: [i64; 2],
-    d: [i64; 2],
-    ceil: bool,
-) -> [i64; 2] {
-    [0, 1].map(|i| output_size(input[i], k[i], s[i], p[i], d[i], ceil))
+    let got = format!("{sizes:?}");
+    ensure(
+        b,
+        (3..=4).contains(&sizes.len()),
+        "input",
+        "a 3-D or 4-D input",
+        got,
+    )
 }
 
 /// Reads pooling arguments: input at 0, kernel at 1, stride at 2, padding
@@ -106,24 +125,10 @@ fn pool_geometry(b: &Builder, dilation: Option<usize>, ceil: usize) -> Result<Po
             format!("kernel {k:?} stride {s:?} padding {p:?} dilation {d:?}"),
         ));
     }
-    let out = output_sizes([h, w], k, s, p, d, ceil_mode);
-    if out[0] < 1 || out[1] < 1 {
-        return Err(Error::invalid(
-            format!("{}: output size", b.op_name()),
-            "at least 1x1",
-            format!("{out:?} for input {sizes:?}"),
-        ));
-    }
-    Ok(Pool {
-        planes,
-        h,
-        w,
-        k,
-        s,
-        p,
-        d,
-        out,
-    })
+    let g = Pool::new(planes, [h, w], k, s, p, d, ceil_mode);
+    let got = format!("{:?} for input {sizes:?}", g.out);
+    ensure(b, g.has_windows(), "output size", "at least 1x1", got)?;
+    Ok(g)
 }
 
 /// The output sizes (input sizes with the last two replaced).
@@ -325,17 +330,8 @@ fn avg_pool_backward(b: &mut Builder) -> Result<()> {
     let s = pair(b, 3, Some(k))?;
     let p = pair(b, 4, Some([0, 0]))?;
     let ceil_mode = b.bool_arg(5)?;
-    let out = output_sizes([h, w], k, s, p, [1, 1], ceil_mode);
-    let g = Pool {
-        planes,
-        h,
-        w,
-        k,
-        s,
-        p,
-        d: [1, 1],
-        out,
-    };
+    let g = Pool::new(planes, [h, w], k, s, p, [1, 1], ceil_mode);
+    let out = g.out;
     let dtype = view.dtype;
     let gy = b.tensor(0)?;
     let gy = b.convert(gy, dtype);
@@ -430,28 +426,10 @@ fn patch_geometry(b: &Builder, sizes: &[i64], first: usize) -> Result<(Pool, i64
     let p = pair(b, first + 2, Some([0, 0]))?;
     let s = pair(b, first + 3, Some([1, 1]))?;
     let (h, w) = (sizes[r - 2], sizes[r - 1]);
-    let out = output_sizes([h, w], k, s, p, d, false);
-    if out[0] < 1 || out[1] < 1 {
-        return Err(Error::invalid(
-            format!("{}: geometry", b.op_name()),
-            "at least one block",
-            format!("{out:?}"),
-        ));
-    }
-    Ok((
-        Pool {
-            planes: n * c,
-            h,
-            w,
-            k,
-            s,
-            p,
-            d,
-            out,
-        },
-        n,
-        c,
-    ))
+    let g = Pool::new(n * c, [h, w], k, s, p, d, false);
+    let got = format!("{:?}", g.out);
+    ensure(b, g.has_windows(), "geometry", "at least one block", got)?;
+    Ok((g, n, c))
 }
 
 /// im2col(self, kernel_size, dilation, padding, stride) -> [N, C*kh*kw, L]
