@@ -1,7 +1,7 @@
 //! Pooling (max with indices, average, adaptive average; with backwards),
-//! max unpooling, and im2col/col2im. Windows are gathered from the flattened input, so
-//! ceil_mode, padding and dilation follow ATen's index arithmetic exactly;
-//! backwards scatter-add into the input.
+//! max unpooling, and im2col/col2im. Windows are gathered from the
+//! flattened input, so ceil_mode, padding and dilation follow ATen's index
+//! arithmetic exactly; backwards scatter-add into the input.
 
 use super::index::{host_values, plane_positions};
 use super::{accumulate_dtype, ensure, float_input, output_as, OpDef};

@@ -10,7 +10,7 @@ use super::{
 use crate::dtype::DType;
 use crate::engine::{Arg, Builder};
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
+use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, UnaryOp, ValueId};
 
 /// sum/mean over `dim_index` (absent: all dims), `keepdim_index`, `dtype_index`.
 fn sum_mean(
@@ -159,7 +159,7 @@ fn var_std(b: &mut Builder, std: bool, with_mean: bool) -> Result<()> {
     );
     let mut v = b.binary(BinaryOp::Div, ss, denom)?;
     if std {
-        v = b.unary(crate::ir::UnaryOp::Sqrt, v);
+        v = b.unary(UnaryOp::Sqrt, v);
     }
     let v = keep_dims(b, v, &view.sizes, &dims, keepdim)?;
     b.output(v)?;
@@ -186,7 +186,7 @@ fn logsumexp(b: &mut Builder) -> Result<()> {
     let m = b.reduce(x, ReduceOp::Max, &dims);
     let md = b.dims(m);
     let inf = b.constant(Literal::Float(f64::INFINITY), dtype, &md);
-    let absm = b.unary(crate::ir::UnaryOp::Abs, m);
+    let absm = b.unary(UnaryOp::Abs, m);
     let finite = b.compare(CompareDir::Lt, absm, inf)?;
     let zero = b.constant(Literal::Int(0), dtype, &md);
     let shift = b.select(finite, m, zero)?;
@@ -195,9 +195,9 @@ fn logsumexp(b: &mut Builder) -> Result<()> {
         .collect();
     let shift_b = b.broadcast_in_dim(shift, &view.sizes, &keep);
     let shifted = b.binary(BinaryOp::Sub, x, shift_b)?;
-    let e = b.unary(crate::ir::UnaryOp::Exp, shifted);
+    let e = b.unary(UnaryOp::Exp, shifted);
     let s = b.reduce(e, ReduceOp::Sum, &dims);
-    let l = b.unary(crate::ir::UnaryOp::Log, s);
+    let l = b.unary(UnaryOp::Log, s);
     let out = b.binary(BinaryOp::Add, l, shift)?;
     let out = keep_dims(b, out, &view.sizes, &dims, keepdim)?;
     b.output(out)

@@ -1,5 +1,6 @@
-//! Unary elementwise ops: float math, rounding and sign, negation and
-//! absolute value, bitwise/logical not, nan_to_num, logit.
+//! Unary elementwise ops: float math (and the elementwise hardsigmoid and
+//! mish), rounding and sign, relu, negation and absolute value,
+//! bitwise/logical not, nan_to_num, logit.
 
 use super::{accumulate_dtype, ensure, finish, is_float, is_integral, Arith, Form, OpDef};
 use crate::dtype::DType;
