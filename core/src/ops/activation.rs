@@ -109,19 +109,33 @@ fn half_x_one_plus(e: &mut Ew, x: ValueId, t: ValueId) -> Result<ValueId> {
     e.mul(hx, s)
 }
 
+/// 0.5 (1 + t): both gelu gradients' first term.
+fn half_one_plus(e: &mut Ew, t: ValueId) -> Result<ValueId> {
+    let one = e.c(1.0);
+    let half = e.c(0.5);
+    let s = e.add(one, t)?;
+    e.mul(half, s)
+}
+
 fn gelu_exact(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let erf = erf_of_scaled(e, x)?;
     half_x_one_plus(e, x, erf)
 }
 
-fn gelu_tanh_inner(e: &mut Ew, x: ValueId) -> Result<ValueId> {
-    let c = e.c(GELU_CUBIC);
+/// √(2/π) (a + c p): with a = x, p = x³ the tanh-gelu inner term, with
+/// a = 1, p = x² and c tripled its derivative.
+fn scaled_cubic(e: &mut Ew, a: ValueId, c: f64, p: ValueId) -> Result<ValueId> {
+    let c = e.c(c);
     let k = e.c(SQRT_2_OVER_PI);
+    let cp = e.mul(c, p)?;
+    let s = e.add(a, cp)?;
+    e.mul(k, s)
+}
+
+fn gelu_tanh_inner(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let x2 = e.mul(x, x)?;
     let x3 = e.mul(x2, x)?;
-    let cx3 = e.mul(c, x3)?;
-    let s = e.add(x, cx3)?;
-    e.mul(k, s)
+    scaled_cubic(e, x, GELU_CUBIC, x3)
 }
 
 fn gelu_tanh(e: &mut Ew, x: ValueId) -> Result<ValueId> {
@@ -133,36 +147,32 @@ fn gelu_tanh(e: &mut Ew, x: ValueId) -> Result<ValueId> {
 fn gelu_exact_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     // Φ(x) + x φ(x)
     let erf = erf_of_scaled(e, x)?;
-    let one = e.c(1.0);
-    let half = e.c(0.5);
-    let s = e.add(one, erf)?;
-    let cdf = e.mul(half, s)?;
+    let cdf = half_one_plus(e, erf)?;
+    let pdf = normal_pdf(e, x)?;
+    let xpdf = e.mul(x, pdf)?;
+    e.add(cdf, xpdf)
+}
+
+/// φ(x) = exp(-x² / 2) / √(2π).
+fn normal_pdf(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let x2 = e.mul(x, x)?;
     let mhalf = e.c(-0.5);
     let ex = e.mul(mhalf, x2)?;
     let ex = e.unary(UnaryOp::Exp, ex);
     let norm = e.c(1.0 / (2.0 * std::f64::consts::PI).sqrt());
-    let pdf = e.mul(norm, ex)?;
-    let xpdf = e.mul(x, pdf)?;
-    e.add(cdf, xpdf)
+    e.mul(norm, ex)
 }
 
 fn gelu_tanh_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     // 0.5(1 + t) + 0.5 x (1 - t²) k (1 + 3c x²)
     let inner = gelu_tanh_inner(e, x)?;
     let t = e.unary(UnaryOp::Tanh, inner);
-    let one = e.c(1.0);
-    let half = e.c(0.5);
-    let opt = e.add(one, t)?;
-    let left = e.mul(half, opt)?;
+    let left = half_one_plus(e, t)?;
+    let (one, half) = (e.c(1.0), e.c(0.5));
     let t2 = e.mul(t, t)?;
     let sech2 = e.sub(one, t2)?;
     let x2 = e.mul(x, x)?;
-    let c3 = e.c(3.0 * GELU_CUBIC);
-    let c3x2 = e.mul(c3, x2)?;
-    let poly = e.add(one, c3x2)?;
-    let k = e.c(SQRT_2_OVER_PI);
-    let kp = e.mul(k, poly)?;
+    let kp = scaled_cubic(e, one, 3.0 * GELU_CUBIC, x2)?;
     let hx = e.mul(half, x)?;
     let a = e.mul(hx, sech2)?;
     let right = e.mul(a, kp)?;
@@ -201,9 +211,7 @@ fn silu_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
 }
 
 /// softplus(x) = log1p(exp(beta x)) / beta, or x where beta x > threshold.
-fn softplus(b: &mut Builder) -> Result<()> {
-    let (x, dtype, dims) = float_input(b, 0)?;
-    let e = &mut Ew { b, dims, dtype };
+fn softplus(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let beta = e.scalar(1)?;
     let threshold = e.scalar(2)?;
     let bx = e.mul(beta, x)?;
@@ -211,43 +219,34 @@ fn softplus(b: &mut Builder) -> Result<()> {
     let l = e.unary(UnaryOp::Log1p, ex);
     let soft = e.div(l, beta)?;
     let linear = e.compare(CompareDir::Gt, bx, threshold)?;
-    let out = e.select(linear, x, soft)?;
-    b.output(out)
+    e.select(linear, x, soft)
 }
 
-fn softplus_backward(b: &mut Builder) -> Result<()> {
-    let (g, x, dtype, dims) = grad_and_input(b, 0, 1)?;
-    let e = &mut Ew { b, dims, dtype };
+/// softplus_backward(grad, self, beta, threshold).
+fn softplus_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let beta = e.scalar(2)?;
     let threshold = e.scalar(3)?;
     let bx = e.mul(beta, x)?;
     let s = e.unary(UnaryOp::Logistic, bx);
     let one = e.c(1.0);
     let linear = e.compare(CompareDir::Gt, bx, threshold)?;
-    let d = e.select(linear, one, s)?;
-    let out = e.mul(g, d)?;
-    b.output(out)
+    e.select(linear, one, s)
 }
 
 /// elu(x) = scale x for x > 0, else scale alpha (exp(input_scale x) - 1).
-fn elu(b: &mut Builder, form: Form) -> Result<()> {
-    let (x, dtype, dims) = float_input(b, 0)?;
-    let e = &mut Ew { b, dims, dtype };
+fn elu(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let (alpha, scale, input_scale) = (e.scalar(1)?, e.scalar(2)?, e.scalar(3)?);
     let pos = e.positive(x)?;
     let sx = e.mul(input_scale, x)?;
     let em1 = e.unary(UnaryOp::Expm1, sx);
     let neg = e.mul(alpha, em1)?;
     let v = e.select(pos, x, neg)?;
-    let out = e.mul(scale, v)?;
-    finish(b, form, out)
+    e.mul(scale, v)
 }
 
 /// elu_backward(grad, alpha, scale, input_scale, is_result, self_or_result).
-fn elu_backward(b: &mut Builder) -> Result<()> {
-    let (g, y, dtype, dims) = grad_and_input(b, 0, 5)?;
-    let is_result = b.bool_arg(4)?;
-    let e = &mut Ew { b, dims, dtype };
+fn elu_grad(e: &mut Ew, y: ValueId) -> Result<ValueId> {
+    let is_result = e.bool_arg(4)?;
     let (alpha, scale, input_scale) = (e.scalar(1)?, e.scalar(2)?, e.scalar(3)?);
     let pos = e.positive(y)?;
     let neg_grad = if is_result {
@@ -262,39 +261,29 @@ fn elu_backward(b: &mut Builder) -> Result<()> {
         let t = e.mul(a_s, ex)?;
         e.mul(input_scale, t)?
     };
-    let d = e.select(pos, scale, neg_grad)?;
-    let out = e.mul(g, d)?;
-    b.output(out)
+    e.select(pos, scale, neg_grad)
 }
 
-fn leaky_relu(b: &mut Builder, form: Form) -> Result<()> {
-    let (x, dtype, dims) = float_input(b, 0)?;
-    let e = &mut Ew { b, dims, dtype };
+fn leaky_relu(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let slope = e.scalar(1)?;
     let pos = e.positive(x)?;
     let neg = e.mul(x, slope)?;
-    let out = e.select(pos, x, neg)?;
-    finish(b, form, out)
+    e.select(pos, x, neg)
 }
 
-/// leaky_relu_backward(grad, self, negative_slope, self_is_result).
-fn leaky_relu_backward(b: &mut Builder) -> Result<()> {
-    let (g, x, dtype, dims) = grad_and_input(b, 0, 1)?;
-    let e = &mut Ew { b, dims, dtype };
+/// leaky_relu_backward(grad, self, negative_slope, self_is_result): the
+/// factor 1 or the slope (grad * 1 is grad exactly).
+fn leaky_relu_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let slope = e.scalar(2)?;
     let pos = e.positive(x)?;
-    let neg = e.mul(g, slope)?;
-    let out = e.select(pos, g, neg)?;
-    b.output(out)
+    let one = e.c(1.0);
+    e.select(pos, one, slope)
 }
 
-fn hardtanh(b: &mut Builder, form: Form) -> Result<()> {
-    let (x, dtype, dims) = float_input(b, 0)?;
-    let e = &mut Ew { b, dims, dtype };
+fn hardtanh(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let (lo, hi) = (e.scalar(1)?, e.scalar(2)?);
     let m = e.binary(BinaryOp::Max, x, lo)?;
-    let out = e.binary(BinaryOp::Min, m, hi)?;
-    finish(b, form, out)
+    e.binary(BinaryOp::Min, m, hi)
 }
 
 /// Gradient passes only strictly inside (min_val, max_val).
@@ -382,7 +371,6 @@ fn threshold_backward(b: &mut Builder) -> Result<()> {
 
 /// softshrink / hardshrink (and their backwards with `grad` first).
 fn shrink(b: &mut Builder, soft: bool, pass: Pass) -> Result<()> {
-    let backward = pass == Pass::Backward;
     let xi = pass.first_arg();
     let x = b.tensor(xi)?;
     let (dtype, dims) = (b.dtype(x), b.dims(x));
@@ -392,7 +380,7 @@ fn shrink(b: &mut Builder, soft: bool, pass: Pass) -> Result<()> {
     let below = b.compare(CompareDir::Lt, x, nl)?;
     let outside = b.binary(BinaryOp::Or, above, below)?;
     let zero = b.constant(Literal::Int(0), dtype, &dims);
-    let out = if backward {
+    let out = if pass == Pass::Backward {
         let g = b.tensor(0)?;
         let g = b.convert(g, dtype);
         b.select(outside, g, zero)?
@@ -442,7 +430,6 @@ fn log_sigmoid_backward(b: &mut Builder) -> Result<()> {
 
 /// glu(self, dim) = a * sigmoid(b) of the two halves; backward(grad, self, dim).
 fn glu(b: &mut Builder, pass: Pass) -> Result<()> {
-    let backward = pass == Pass::Backward;
     let xi = pass.first_arg();
     let x = b.tensor(xi)?;
     let dims = b.dims(x);
@@ -459,7 +446,7 @@ fn glu(b: &mut Builder, pass: Pass) -> Result<()> {
     let a = b.slice(x, &vec![0; dims.len()], &lo_limit, &ones);
     let c = b.slice(x, &hi_start, &dims, &ones);
     let s = b.unary(UnaryOp::Logistic, c);
-    if !backward {
+    if pass == Pass::Forward {
         let out = b.binary(BinaryOp::Mul, a, s)?;
         return b.output(out);
     }
@@ -518,48 +505,39 @@ fn prelu_backward(b: &mut Builder) -> Result<()> {
 }
 
 pub(super) fn ops() -> Vec<OpDef> {
+    use Form::Functional as F;
     let mut ops = vec![
-        op!("aten::threshold_backward", threshold_backward()),
-        op!("aten::threshold_backward.grad_input", threshold_backward()),
-        op!("aten::tanh_backward", output_backward(true)),
-        op!("aten::tanh_backward.grad_input", output_backward(true)),
-        op!("aten::sigmoid_backward", output_backward(false)),
-        op!("aten::sigmoid_backward.grad_input", output_backward(false)),
-        op!("aten::gelu_backward", gelu_backward()),
-        op!("aten::gelu_backward.grad_input", gelu_backward()),
-        op!("aten::silu_backward", backward(0, 1, silu_grad)),
-        op!("aten::silu_backward.grad_input", backward(0, 1, silu_grad)),
-        op!("aten::softplus_backward", softplus_backward()),
-        op!("aten::softplus_backward.grad_input", softplus_backward()),
-        op!("aten::elu_backward", elu_backward()),
-        op!("aten::elu_backward.grad_input", elu_backward()),
-        op!("aten::leaky_relu_backward", leaky_relu_backward()),
-        op!(
-            "aten::leaky_relu_backward.grad_input",
-            leaky_relu_backward()
-        ),
-        op!("aten::hardtanh_backward", hardtanh_backward()),
-        op!("aten::hardtanh_backward.grad_input", hardtanh_backward()),
         op!("aten::hardswish_backward", backward(0, 1, hardswish_grad)),
         op!("aten::softshrink_backward", shrink(true, Pass::Backward)),
         op!("aten::hardshrink_backward", shrink(false, Pass::Backward)),
         op!("aten::log_sigmoid_forward", log_sigmoid()),
-        op!("aten::log_sigmoid_backward", log_sigmoid_backward()),
-        op!(
-            "aten::log_sigmoid_backward.grad_input",
-            log_sigmoid_backward()
-        ),
         op!("aten::_prelu_kernel", prelu()),
         op!("aten::_prelu_kernel_backward", prelu_backward()),
     ];
+    ops.extend(backward_of!("aten::threshold", threshold_backward()));
+    ops.extend(backward_of!("aten::tanh", output_backward(true)));
+    ops.extend(backward_of!("aten::sigmoid", output_backward(false)));
+    ops.extend(backward_of!("aten::gelu", gelu_backward()));
+    ops.extend(backward_of!("aten::silu", backward(0, 1, silu_grad)));
+    ops.extend(backward_of!(
+        "aten::softplus",
+        backward(0, 1, softplus_grad)
+    ));
+    ops.extend(backward_of!("aten::elu", backward(0, 5, elu_grad)));
+    ops.extend(backward_of!(
+        "aten::leaky_relu",
+        backward(0, 1, leaky_relu_grad)
+    ));
+    ops.extend(backward_of!("aten::hardtanh", hardtanh_backward()));
+    ops.extend(backward_of!("aten::log_sigmoid", log_sigmoid_backward()));
     ops.extend(forms!("aten::gelu", gelu()));
     ops.extend(forms!("aten::silu", forward(silu)));
-    ops.extend(forms!("aten::elu", elu()));
-    ops.extend(forms!("aten::leaky_relu", leaky_relu()));
-    ops.extend(forms!("aten::hardtanh", hardtanh()));
+    ops.extend(forms!("aten::elu", forward(elu)));
+    ops.extend(forms!("aten::leaky_relu", forward(leaky_relu)));
+    ops.extend(forms!("aten::hardtanh", forward(hardtanh)));
     ops.extend(forms!("aten::hardswish", forward(hardswish)));
     ops.extend(forms!("aten::threshold", threshold()));
-    ops.extend(with_out!("aten::softplus", softplus()));
+    ops.extend(with_out!("aten::softplus", forward(softplus, F)));
     ops.extend(with_out!("aten::softshrink", shrink(true, Pass::Forward)));
     ops.extend(with_out!("aten::hardshrink", shrink(false, Pass::Forward)));
     ops.extend(with_backward!("aten::glu", glu()));

@@ -3,6 +3,8 @@
 //! the special functions (xlogy, logaddexp, copysign, ...), and the
 //! three-operand addcmul/addcdiv and lerp.
 
+use super::compare::sign_bit;
+use super::unary::trunc;
 use super::{
     accumulate_dtype, binary_operands, broadcast_all, finish, is_float, is_integral, operand,
     operand_pair, result_type, Arith, Form, OpDef,
@@ -91,7 +93,7 @@ fn div(b: &mut Builder, mode_index: Option<usize>, form: Form) -> Result<()> {
     let q = b.div(x, y)?;
     let out = match mode.as_deref() {
         None => q,
-        Some("trunc") if is_float(dtype) => super::unary::trunc(b, q)?,
+        Some("trunc") if is_float(dtype) => trunc(b, q)?,
         Some("floor") if is_float(dtype) => b.unary(UnaryOp::Floor, q),
         Some("floor") => floor_quotient(b, x, y, q)?,
         _ => q,
@@ -234,7 +236,7 @@ fn binary(b: &mut Builder, f: Binary, form: Form) -> Result<()> {
         Copysign => {
             let a = b.unary(UnaryOp::Abs, x);
             let na = b.unary(UnaryOp::Neg, a);
-            let negative = super::compare::sign_bit(b, y)?;
+            let negative = sign_bit(b, y)?;
             b.select(negative, na, a)?
         }
         Fmax | Fmin => {

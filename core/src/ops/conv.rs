@@ -104,19 +104,41 @@ fn conv_forward(b: &mut Builder, x: ValueId, w: ValueId, g: &Geometry) -> Result
         out.push(size);
     }
     let pads: Vec<(i64, i64)> = g.padding.iter().map(|&p| (p, p)).collect();
-    Ok(b.convolution(
+    Ok(grouped_conv(
+        b,
         x,
         w,
-        layouts(g.sp, ["bf", "oi", "bf"])
-            .each_ref()
-            .map(String::as_str),
-        &g.stride,
+        g,
+        (&g.stride, &vec![1; g.sp]),
         &pads,
-        &vec![1; g.sp],
-        &g.dilation,
-        (g.groups, 1),
         &out,
     ))
+}
+
+/// A grouped convolution of x [N, C, *] with w [O, C/g, *k]: window
+/// strides and input (lhs) dilation as given, the kernel dilated by
+/// `g.dilation`.
+fn grouped_conv(
+    b: &mut Builder,
+    x: ValueId,
+    w: ValueId,
+    g: &Geometry,
+    (strides, lhs_dilation): (&[i64], &[i64]),
+    pads: &[(i64, i64)],
+    out: &[i64],
+) -> ValueId {
+    let layouts = layouts(g.sp, ["bf", "oi", "bf"]);
+    b.convolution(
+        x,
+        w,
+        layouts.each_ref().map(String::as_str),
+        strides,
+        pads,
+        lhs_dilation,
+        &g.dilation,
+        (g.groups, 1),
+        out,
+    )
 }
 
 /// A transposed convolution: x [N, Cin, *], w [Cin, Cout/g, *k]; output
@@ -158,17 +180,13 @@ fn conv_transposed(
         pads.push((dk - g.padding[i], dk - g.padding[i] + output_padding[i]));
         out.push((xd[2 + i] - 1) * g.stride[i] - 2 * g.padding[i] + dk + output_padding[i] + 1);
     }
-    Ok(b.convolution(
+    Ok(grouped_conv(
+        b,
         x,
         w,
-        layouts(g.sp, ["bf", "oi", "bf"])
-            .each_ref()
-            .map(String::as_str),
-        &vec![1; g.sp],
+        g,
+        (&vec![1; g.sp], &g.stride),
         &pads,
-        &g.stride,
-        &g.dilation,
-        (g.groups, 1),
         &out,
     ))
 }

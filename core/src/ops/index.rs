@@ -196,6 +196,24 @@ pub(super) fn flat_positions(
     Ok(flat)
 }
 
+/// Flat positions of per-plane indices (argument `index`, `per_plane` of
+/// them in each of `planes` planes) in planes of `plane_size` elements.
+pub(super) fn plane_positions(
+    b: &mut Builder,
+    index: usize,
+    planes: i64,
+    per_plane: i64,
+    plane_size: i64,
+) -> Result<ValueId> {
+    let idx = b.tensor(index)?;
+    let idx = b.convert(idx, DType::I64);
+    let idx = b.reshape(idx, &[planes, per_plane])?;
+    let plane = b.iota(DType::I64, &[planes, per_plane], 0);
+    let size = b.constant(Literal::Int(plane_size), DType::I64, &[planes, per_plane]);
+    let base = b.mul(plane, size)?;
+    b.add(base, idx)
+}
+
 /// The host values of `index`, negative ones wrapped against `size`;
 /// `out_of_range` names a value outside `[-size, size)`.
 pub(super) fn wrapped_indices(

@@ -2,8 +2,8 @@
 //! product, and vector norms.
 
 use super::{
-    accumulate_dtype, all_dims, binary_operands, broadcast_scalar, finish, is_float, keep_dims,
-    reduce_dims, reduced, require_float, wrap_dim, wrap_dims, Arith, Form, OpDef,
+    accumulate_dtype, all_dims, binary_operands, broadcast_scalar, ensure, finish, is_float,
+    keep_dims, reduce_dims, reduced, require_float, wrap_dim, wrap_dims, Arith, Form, OpDef,
 };
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
@@ -28,14 +28,8 @@ fn matrices(b: &mut Builder, lhs: usize, rhs: usize, rank: usize) -> Result<(Val
 }
 
 fn same_dtype(b: &Builder, lhs: DType, rhs: DType) -> Result<()> {
-    if lhs != rhs {
-        return Err(Error::invalid(
-            format!("{}: operands", b.op_name()),
-            "the same dtype",
-            format!("{lhs} and {rhs}"),
-        ));
-    }
-    Ok(())
+    let got = format!("{lhs} and {rhs}");
+    ensure(b, lhs == rhs, "operands", "the same dtype", got)
 }
 
 /// A matrix product accumulated in float32 for 16-bit inputs (as ATen

@@ -249,7 +249,6 @@ fn mse_loss_backward(b: &mut Builder) -> Result<()> {
 /// smooth_l1 (beta) and huber (delta) losses, forward (self, target,
 /// reduction, param) and backward (grad, self, target, reduction, param).
 fn smooth_loss(b: &mut Builder, huber: bool, pass: Pass) -> Result<()> {
-    let backward = pass == Pass::Backward;
     let first = pass.first_arg();
     let dtype = result_type(b, &[first, first + 1])?;
     let (x, t) = operand_pair(b, (first, first + 1), dtype)?;
@@ -259,7 +258,7 @@ fn smooth_loss(b: &mut Builder, huber: bool, pass: Pass) -> Result<()> {
     let a = b.unary(UnaryOp::Abs, d);
     let pv = b.float_like(param, a);
     let small = b.compare(CompareDir::Lt, a, pv)?;
-    if backward {
+    if pass == Pass::Backward {
         let dims = b.dims(d);
         let g = loss_grad_scale(b, 0, &dims, reduction, dtype)?;
         // d/dx: d / beta (huber: d) inside, sign(d) (huber: delta sign(d)) outside.
@@ -302,7 +301,6 @@ fn smooth_loss(b: &mut Builder, huber: bool, pass: Pass) -> Result<()> {
 /// binary_cross_entropy(self, target, weight?, reduction) with log clamped
 /// at -100, and its backward (grad, self, target, weight?, reduction).
 fn bce(b: &mut Builder, pass: Pass) -> Result<()> {
-    let backward = pass == Pass::Backward;
     let first = pass.first_arg();
     let x = b.tensor(first)?;
     let dtype = b.dtype(x);
@@ -321,7 +319,7 @@ fn bce(b: &mut Builder, pass: Pass) -> Result<()> {
     let reduction = b.int_arg(first + 3)?;
     let one = b.float_like(1.0, x);
     let omx = b.binary(BinaryOp::Sub, one, x)?;
-    let out = if backward {
+    let out = if pass == Pass::Backward {
         // g w (x - t) / max(x (1 - x), 1e-12)
         let g = loss_grad_scale(b, 0, &dims, reduction, dtype)?;
         let num = b.binary(BinaryOp::Sub, x, t)?;
@@ -358,20 +356,17 @@ pub(super) fn ops() -> Vec<OpDef> {
     let mut ops = vec![
         op!("aten::nll_loss_forward", nll_loss_forward()),
         op!("aten::nll_loss_backward", nll_loss_backward()),
-        op!("aten::mse_loss_backward", mse_loss_backward()),
-        op!("aten::mse_loss_backward.grad_input", mse_loss_backward()),
-        op!("aten::huber_loss", smooth_loss(true, Pass::Forward)),
-        op!("aten::huber_loss.out", smooth_loss(true, Pass::Forward)),
-        op!(
-            "aten::huber_loss_backward",
-            smooth_loss(true, Pass::Backward)
-        ),
-        op!(
-            "aten::huber_loss_backward.out",
-            smooth_loss(true, Pass::Backward)
-        ),
     ];
     ops.extend(with_out!("aten::mse_loss", mse_loss()));
+    ops.extend(backward_of!("aten::mse_loss", mse_loss_backward()));
+    ops.extend(with_out!(
+        "aten::huber_loss",
+        smooth_loss(true, Pass::Forward)
+    ));
+    ops.extend(with_out!(
+        "aten::huber_loss_backward",
+        smooth_loss(true, Pass::Backward)
+    ));
     ops.extend(with_backward!("aten::smooth_l1_loss", smooth_loss(false)));
     ops.extend(with_backward!("aten::binary_cross_entropy", bce()));
     ops

@@ -2,92 +2,18 @@
 //! PyTorch's type promotion and broadcasting.
 //!
 //! One file per op family. Each family's `ops()` lists its table entries
-//! declaratively: an entry names the schema and calls the family lowering
-//! with a typed kind (`Unary::Sin`, `ReduceOp::Max`, ...) and, for ops with
-//! an in-place variant, its `Form`, so no lowering reads its own op name to
-//! decide what to compute.
+//! declaratively (with the macros in `entries`): an entry names the schema
+//! and calls the family lowering with a typed kind (`Unary::Sin`,
+//! `ReduceOp::Max`, ...) and, for ops with an in-place or backward variant,
+//! its `Form` or `Pass`, so no lowering reads its own op name to decide
+//! what to compute.
 //!
 //! `.out` overloads lower like their functional form and return a new
 //! tensor; the PyTorch shim resizes and fills the `out=` tensor from it, so
 //! out semantics live in one place.
 
-/// One table entry: `op!("aten::mm", mm())` lowers with `mm(b)`,
-/// `op!("aten::amax", amax_amin(ReduceOp::Max))` with
-/// `amax_amin(b, ReduceOp::Max)`.
-/// The non-capturing closure coerces to `OpDef::lower`'s fn pointer.
-macro_rules! op {
-    ($name:expr, $f:ident($($arg:expr),* $(,)?)) => {
-        $crate::ops::OpDef {
-            name: $name,
-            lower: |b| $f(b $(, $arg)*),
-        }
-    };
-}
-
-/// `name` and `name.out`, both lowered by `f(b, args..)`.
-macro_rules! with_out {
-    ($name:literal, $f:ident $args:tt) => {
-        [op!($name, $f $args), op!(concat!($name, ".out"), $f $args)]
-    };
-}
-
-/// `name`, `name.out` (functional) and `name_` (in place), lowered by
-/// `f(b, args.., form)`.
-macro_rules! forms {
-    ($name:literal, $f:ident($($arg:expr),* $(,)?)) => {
-        [
-            op!($name, $f($($arg,)* $crate::ops::Form::Functional)),
-            op!(concat!($name, ".out"), $f($($arg,)* $crate::ops::Form::Functional)),
-            op!(concat!($name, "_"), $f($($arg,)* $crate::ops::Form::InPlace)),
-        ]
-    };
-}
-
-/// `name` and `name.out`, lowered by `f(b, args.., Pass::Forward)`, and
-/// `name_backward` and `name_backward.grad_input`, by
-/// `f(b, args.., Pass::Backward)`.
-macro_rules! with_backward {
-    ($name:literal, $f:ident($($arg:expr),* $(,)?)) => {
-        [
-            op!($name, $f($($arg,)* $crate::ops::Pass::Forward)),
-            op!(concat!($name, ".out"), $f($($arg,)* $crate::ops::Pass::Forward)),
-            op!(concat!($name, "_backward"), $f($($arg,)* $crate::ops::Pass::Backward)),
-            op!(
-                concat!($name, "_backward.grad_input"),
-                $f($($arg,)* $crate::ops::Pass::Backward)
-            ),
-        ]
-    };
-}
-
-/// Per overload `o`: `name.o` and `name.o_out` (functional) and `name_.o`
-/// (in place), lowered by `f(b, args.., form)`.
-macro_rules! overloads {
-    ($name:literal, [$($o:literal),+], $f:ident $args:tt) => {
-        [$(
-            form_entry!(concat!($name, ".", $o), Functional, $f $args),
-            form_entry!(concat!($name, ".", $o, "_out"), Functional, $f $args),
-            form_entry!(concat!($name, "_.", $o), InPlace, $f $args),
-        )+]
-    };
-}
-
-/// Per overload `o`: `name.o` and `name.o_out`, lowered by `f(b, args..)`.
-macro_rules! out_overloads {
-    ($name:literal, [$($o:literal),+], $f:ident $args:tt) => {
-        [$(
-            op!(concat!($name, ".", $o), $f $args),
-            op!(concat!($name, ".", $o, "_out"), $f $args),
-        )+]
-    };
-}
-
-/// One entry lowered by `f(b, args.., Form::form)`.
-macro_rules! form_entry {
-    ($name:expr, $form:ident, $f:ident($($arg:expr),* $(,)?)) => {
-        op!($name, $f($($arg,)* $crate::ops::Form::$form))
-    };
-}
+#[macro_use]
+mod entries;
 
 mod activation;
 mod binary;
@@ -470,14 +396,26 @@ pub(crate) fn wide_float(dtype: DType) -> DType {
 
 /// Errors unless `dtype` (of the op's `what`) is a floating point type.
 pub(crate) fn require_float(b: &Builder, what: &str, dtype: DType) -> Result<()> {
-    if !is_float(dtype) {
-        return Err(Error::invalid(
+    ensure(b, is_float(dtype), what, "a floating point tensor", dtype)
+}
+
+/// Errors unless `ok`, naming the op's `what` and what was `expected`.
+pub(crate) fn ensure(
+    b: &Builder,
+    ok: bool,
+    what: &str,
+    expected: impl std::fmt::Display,
+    got: impl std::fmt::Display,
+) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
             format!("{}: {what}", b.op_name()),
-            "a floating point tensor",
-            dtype,
-        ));
+            expected,
+            got,
+        ))
     }
-    Ok(())
 }
 
 /// Float tensor argument `index`: its value, dtype and sizes.
@@ -597,12 +535,15 @@ pub(crate) fn broadcast_scalar(
 
 /// Errors when the dim an op picks from (of `size`) is empty.
 pub(crate) fn require_nonempty_dim(b: &Builder, size: i64, sizes: &[i64]) -> Result<()> {
-    if size == 0 {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a non-empty dimension",
-            format!("sizes {sizes:?}"),
-        ));
+    let sizes = format!("sizes {sizes:?}");
+    ensure(b, size != 0, "input", "a non-empty dimension", sizes)
+}
+
+/// Outputs `values` in order, each reshaped to `shape`.
+pub(crate) fn output_as(b: &mut Builder, shape: &[i64], values: &[ValueId]) -> Result<()> {
+    for &v in values {
+        let v = b.reshape(v, shape)?;
+        b.output(v)?;
     }
     Ok(())
 }
@@ -670,30 +611,6 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), count, "an op is registered twice");
-    }
-
-    #[test]
-    fn entry_macros_spell_schema_names() {
-        let names: Vec<&str> = table().iter().map(|op| op.name).collect();
-        for name in [
-            "aten::sin",
-            "aten::sin.out",
-            "aten::sin_",
-            "aten::remainder.Scalar",
-            "aten::remainder.Scalar_out",
-            "aten::remainder_.Scalar",
-            "aten::eq.Tensor_out",
-            "aten::add_.Tensor",
-            "aten::upsample_bilinear2d_backward.grad_input",
-            "aten::_foreach_add_.List",
-        ] {
-            assert!(names.contains(&name), "{name} is not registered");
-        }
-        assert!(
-            !names.contains(&"aten::eq_.Tensor"),
-            "comparisons have no in-place entry"
-        );
-        assert!(!names.contains(&"aten::_foreach_sub.Tensor"));
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! Pooling (max with indices, average, adaptive average; with backwards),
-//! max unpooling, and im2col/col2im. Windows are gathered from the flattened input, so
-//! ceil_mode, padding and dilation follow ATen's index arithmetic exactly;
-//! backwards scatter-add into the input.
+//! max unpooling, and im2col/col2im. Windows are gathered from the
+//! flattened input, so ceil_mode, padding and dilation follow ATen's index
+//! arithmetic exactly; backwards scatter-add into the input.
 
-use super::index::host_values;
-use super::{accumulate_dtype, float_input, Arith, OpDef};
+use super::index::{host_values, plane_positions};
+use super::{accumulate_dtype, ensure, float_input, output_as, OpDef};
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -21,6 +21,37 @@ struct Pool {
     p: [i64; 2],
     d: [i64; 2],
     out: [i64; 2],
+}
+
+impl Pool {
+    /// The windows of kernel `k`, stride `s`, padding `p` and dilation `d`
+    /// over `planes` planes of `h` x `w`.
+    fn new(
+        planes: i64,
+        [h, w]: [i64; 2],
+        k: [i64; 2],
+        s: [i64; 2],
+        p: [i64; 2],
+        d: [i64; 2],
+        ceil: bool,
+    ) -> Pool {
+        let out = [0, 1].map(|i| output_size([h, w][i], k[i], s[i], p[i], d[i], ceil));
+        Pool {
+            planes,
+            h,
+            w,
+            k,
+            s,
+            p,
+            d,
+            out,
+        }
+    }
+
+    /// Whether there is at least one window along each spatial dim.
+    fn has_windows(&self) -> bool {
+        self.out.iter().all(|&o| o >= 1)
+    }
 }
 
 fn pair(b: &Builder, index: usize, default: Option<[i64; 2]>) -> Result<[i64; 2]> {
@@ -51,32 +82,30 @@ fn output_size(input: i64, k: i64, s: i64, p: i64, d: i64, ceil: bool) -> i64 {
     out
 }
 
-/// `output_size` for both spatial dims.
-fn output_sizes(
-    input: [i64; 2],
-    k: [i64; 2],
-    s: [i64; 2],
-    p: [i64; 2],
-    d: [i64; 2],
-    ceil: bool,
-) -> [i64; 2] {
-    [0, 1].map(|i| output_size(input[i], k[i], s[i], p[i], d[i], ceil))
+/// An image's planes (its leading dims flattened), height and width.
+fn planes_hw(sizes: &[i64]) -> (i64, i64, i64) {
+    let r = sizes.len();
+    (sizes[..r - 2].iter().product(), sizes[r - 2], sizes[r - 1])
+}
+
+/// Errors unless `sizes` are an image's: (N, C, H, W) or (C, H, W).
+fn check_image(b: &Builder, sizes: &[i64]) -> Result<()> {
+    let got = format!("{sizes:?}");
+    ensure(
+        b,
+        (3..=4).contains(&sizes.len()),
+        "input",
+        "a 3-D or 4-D input",
+        got,
+    )
 }
 
 /// Reads pooling arguments: input at 0, kernel at 1, stride at 2, padding
 /// at 3, dilation at `dilation` (if any), ceil_mode at `ceil`.
 fn pool_geometry(b: &Builder, dilation: Option<usize>, ceil: usize) -> Result<Pool> {
     let sizes = b.tensor_arg(0)?.view.sizes.clone();
-    if !(3..=4).contains(&sizes.len()) {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a 3-D or 4-D input",
-            format!("{sizes:?}"),
-        ));
-    }
-    let r = sizes.len();
-    let (h, w) = (sizes[r - 2], sizes[r - 1]);
-    let planes: i64 = sizes[..r - 2].iter().product();
+    check_image(b, &sizes)?;
+    let (planes, h, w) = planes_hw(&sizes);
     let k = pair(b, 1, None)?;
     let s = pair(b, 2, Some(k))?;
     let p = pair(b, 3, Some([0, 0]))?;
@@ -96,24 +125,10 @@ fn pool_geometry(b: &Builder, dilation: Option<usize>, ceil: usize) -> Result<Po
             format!("kernel {k:?} stride {s:?} padding {p:?} dilation {d:?}"),
         ));
     }
-    let out = output_sizes([h, w], k, s, p, d, ceil_mode);
-    if out[0] < 1 || out[1] < 1 {
-        return Err(Error::invalid(
-            format!("{}: output size", b.op_name()),
-            "at least 1x1",
-            format!("{out:?} for input {sizes:?}"),
-        ));
-    }
-    Ok(Pool {
-        planes,
-        h,
-        w,
-        k,
-        s,
-        p,
-        d,
-        out,
-    })
+    let g = Pool::new(planes, [h, w], k, s, p, d, ceil_mode);
+    let got = format!("{:?} for input {sizes:?}", g.out);
+    ensure(b, g.has_windows(), "output size", "at least 1x1", got)?;
+    Ok(g)
 }
 
 /// The output sizes (input sizes with the last two replaced).
@@ -209,41 +224,17 @@ fn max_pool(b: &mut Builder) -> Result<()> {
     // spatial index among the maxima is the first maximum, as ATen picks.
     let candidates = b.select(is_best, spatial, big)?;
     let index = b.reduce(candidates, ReduceOp::Min, &[3, 4]);
-    let osz = out_sizes(&sizes, g.out);
-    let best = b.reshape(best, &osz)?;
-    let index = b.reshape(index, &osz)?;
-    b.output(best)?;
-    b.output(index)
-}
-
-/// Flat positions of per-plane indices (argument `index`, `per_plane` of
-/// them in each of `planes` planes) in planes of `plane_size` elements.
-fn plane_positions(
-    b: &mut Builder,
-    index: usize,
-    planes: i64,
-    per_plane: i64,
-    plane_size: i64,
-) -> Result<ValueId> {
-    let idx = b.tensor(index)?;
-    let idx = b.convert(idx, DType::I64);
-    let idx = b.reshape(idx, &[planes, per_plane])?;
-    let plane = b.iota(DType::I64, &[planes, per_plane], 0);
-    let size = b.constant(Literal::Int(plane_size), DType::I64, &[planes, per_plane]);
-    let base = b.mul(plane, size)?;
-    b.add(base, idx)
+    output_as(b, &out_sizes(&sizes, g.out), &[best, index])
 }
 
 /// max_pool2d_with_indices_backward(grad, self, kernel, stride, padding,
 /// dilation, ceil_mode, indices): gradients scatter-added at the indices.
 fn max_pool_backward(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(1)?.view.clone();
-    let r = view.sizes.len();
-    let (h, w) = (view.sizes[r - 2], view.sizes[r - 1]);
-    let planes: i64 = view.sizes[..r - 2].iter().product();
+    let (planes, h, w) = planes_hw(&view.sizes);
     let gy = b.tensor(0)?;
     let gdims = b.dims(gy);
-    let per_plane: i64 = gdims[r - 2..].iter().product();
+    let per_plane: i64 = gdims[view.sizes.len() - 2..].iter().product();
     let gy = b.reshape(gy, &[planes, per_plane])?;
     let gy = b.convert(gy, view.dtype);
     let flat = plane_positions(b, 7, planes, per_plane, h * w)?;
@@ -334,24 +325,13 @@ fn avg_pool(b: &mut Builder) -> Result<()> {
 fn avg_pool_backward(b: &mut Builder) -> Result<()> {
     // The forward's arguments follow the gradient, one position later.
     let view = b.tensor_arg(1)?.view.clone();
-    let r = view.sizes.len();
-    let planes: i64 = view.sizes[..r - 2].iter().product();
-    let (h, w) = (view.sizes[r - 2], view.sizes[r - 1]);
+    let (planes, h, w) = planes_hw(&view.sizes);
     let k = pair(b, 2, None)?;
     let s = pair(b, 3, Some(k))?;
     let p = pair(b, 4, Some([0, 0]))?;
     let ceil_mode = b.bool_arg(5)?;
-    let out = output_sizes([h, w], k, s, p, [1, 1], ceil_mode);
-    let g = Pool {
-        planes,
-        h,
-        w,
-        k,
-        s,
-        p,
-        d: [1, 1],
-        out,
-    };
+    let g = Pool::new(planes, [h, w], k, s, p, [1, 1], ceil_mode);
+    let out = g.out;
     let dtype = view.dtype;
     let gy = b.tensor(0)?;
     let gy = b.convert(gy, dtype);
@@ -400,17 +380,9 @@ fn adaptive_matrix(b: &mut Builder, out: i64, size: i64, dtype: DType) -> Result
 /// _adaptive_avg_pool2d(self, output_size): P_h x P_wᵀ per plane.
 fn adaptive_avg_pool(b: &mut Builder) -> Result<()> {
     let (x, dtype, sizes) = flat_input(b)?;
-    let r = sizes.len();
-    if !(3..=4).contains(&r) {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a 3-D or 4-D input",
-            format!("{sizes:?}"),
-        ));
-    }
+    check_image(b, &sizes)?;
     let out = pair(b, 1, None)?;
-    let (h, w) = (sizes[r - 2], sizes[r - 1]);
-    let planes: i64 = sizes[..r - 2].iter().product();
+    let (planes, h, w) = planes_hw(&sizes);
     let x = b.reshape(x, &[planes, h, w])?;
     let ph = adaptive_matrix(b, out[0], h, dtype)?;
     let pw = adaptive_matrix(b, out[1], w, dtype)?;
@@ -424,9 +396,7 @@ fn adaptive_avg_pool(b: &mut Builder) -> Result<()> {
 /// _adaptive_avg_pool2d_backward(grad, self): P_hᵀ g P_w per plane.
 fn adaptive_avg_pool_backward(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(1)?.view.clone();
-    let r = view.sizes.len();
-    let (h, w) = (view.sizes[r - 2], view.sizes[r - 1]);
-    let planes: i64 = view.sizes[..r - 2].iter().product();
+    let (planes, h, w) = planes_hw(&view.sizes);
     let gy = b.tensor(0)?;
     let gd = b.dims(gy);
     let (oh, ow) = (gd[gd.len() - 2], gd[gd.len() - 1]);
@@ -444,13 +414,7 @@ fn adaptive_avg_pool_backward(b: &mut Builder) -> Result<()> {
 /// The im2col/col2im geometry: input (N, C, H, W) or (C, H, W) at
 /// `sizes`, kernel/dilation/padding/stride at `first`.. (ATen's order).
 fn patch_geometry(b: &Builder, sizes: &[i64], first: usize) -> Result<(Pool, i64, i64)> {
-    if !(3..=4).contains(&sizes.len()) {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "a 3-D or 4-D input",
-            format!("{sizes:?}"),
-        ));
-    }
+    check_image(b, sizes)?;
     let r = sizes.len();
     let (n, c) = if r == 4 {
         (sizes[0], sizes[1])
@@ -462,28 +426,10 @@ fn patch_geometry(b: &Builder, sizes: &[i64], first: usize) -> Result<(Pool, i64
     let p = pair(b, first + 2, Some([0, 0]))?;
     let s = pair(b, first + 3, Some([1, 1]))?;
     let (h, w) = (sizes[r - 2], sizes[r - 1]);
-    let out = output_sizes([h, w], k, s, p, d, false);
-    if out[0] < 1 || out[1] < 1 {
-        return Err(Error::invalid(
-            format!("{}: geometry", b.op_name()),
-            "at least one block",
-            format!("{out:?}"),
-        ));
-    }
-    Ok((
-        Pool {
-            planes: n * c,
-            h,
-            w,
-            k,
-            s,
-            p,
-            d,
-            out,
-        },
-        n,
-        c,
-    ))
+    let g = Pool::new(n * c, [h, w], k, s, p, d, false);
+    let got = format!("{:?}", g.out);
+    ensure(b, g.has_windows(), "geometry", "at least one block", got)?;
+    Ok((g, n, c))
 }
 
 /// im2col(self, kernel_size, dilation, padding, stride) -> [N, C*kh*kw, L]

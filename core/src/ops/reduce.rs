@@ -4,13 +4,13 @@
 
 use super::{
     accumulate_dtype, all_dims, at_least_1d, finish, is_float, is_integral, keep_dims,
-    keepdim_shape, reduce_dims, reduced, reduced_shape, require_float, require_nonempty_dim,
-    wrap_dim, wrap_dims, Arith, Form, OpDef,
+    keepdim_shape, output_as, reduce_dims, reduced, reduced_shape, require_float,
+    require_nonempty_dim, wrap_dim, wrap_dims, Arith, Form, OpDef,
 };
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
+use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, UnaryOp, ValueId};
 
 /// sum/mean over `dim_index` (absent: all dims), `keepdim_index`, `dtype_index`.
 fn sum_mean(
@@ -159,7 +159,7 @@ fn var_std(b: &mut Builder, std: bool, with_mean: bool) -> Result<()> {
     );
     let mut v = b.binary(BinaryOp::Div, ss, denom)?;
     if std {
-        v = b.unary(crate::ir::UnaryOp::Sqrt, v);
+        v = b.unary(UnaryOp::Sqrt, v);
     }
     let v = keep_dims(b, v, &view.sizes, &dims, keepdim)?;
     b.output(v)?;
@@ -186,7 +186,7 @@ fn logsumexp(b: &mut Builder) -> Result<()> {
     let m = b.reduce(x, ReduceOp::Max, &dims);
     let md = b.dims(m);
     let inf = b.constant(Literal::Float(f64::INFINITY), dtype, &md);
-    let absm = b.unary(crate::ir::UnaryOp::Abs, m);
+    let absm = b.unary(UnaryOp::Abs, m);
     let finite = b.compare(CompareDir::Lt, absm, inf)?;
     let zero = b.constant(Literal::Int(0), dtype, &md);
     let shift = b.select(finite, m, zero)?;
@@ -195,9 +195,9 @@ fn logsumexp(b: &mut Builder) -> Result<()> {
         .collect();
     let shift_b = b.broadcast_in_dim(shift, &view.sizes, &keep);
     let shifted = b.binary(BinaryOp::Sub, x, shift_b)?;
-    let e = b.unary(crate::ir::UnaryOp::Exp, shifted);
+    let e = b.unary(UnaryOp::Exp, shifted);
     let s = b.reduce(e, ReduceOp::Sum, &dims);
-    let l = b.unary(crate::ir::UnaryOp::Log, s);
+    let l = b.unary(UnaryOp::Log, s);
     let out = b.binary(BinaryOp::Add, l, shift)?;
     let out = keep_dims(b, out, &view.sizes, &dims, keepdim)?;
     b.output(out)
@@ -275,11 +275,7 @@ fn extreme_dim(b: &mut Builder, op: ReduceOp) -> Result<()> {
     let x = b.tensor(0)?;
     let x = b.reshape(x, &work)?;
     let (values, index) = extreme_and_index(b, x, op, d)?;
-    let shape = reduced_shape(&view.sizes, d, keepdim);
-    let values = b.reshape(values, &shape)?;
-    let index = b.reshape(index, &shape)?;
-    b.output(values)?;
-    b.output(index)
+    output_as(b, &reduced_shape(&view.sizes, d, keepdim), &[values, index])
 }
 
 /// cumsum/cumprod(self, dim, *, dtype) as a reduce_window over the prefix.

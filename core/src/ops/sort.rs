@@ -1,13 +1,15 @@
 //! Sorting and order statistics: sort, topk, kthvalue, median, nanmedian;
 //! and binary search (bucketize, searchsorted).
 
+use super::index::plane_positions;
 use super::{
-    at_least_1d, operand, reduced_shape, require_nonempty_dim, result_type, wrap_dim, OpDef,
+    at_least_1d, operand, output_as, reduced_shape, require_nonempty_dim, result_type, wrap_dim,
+    OpDef,
 };
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp};
+use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
 
 /// sort(self, dim, descending) or sort.stable(self, *, stable, dim,
 /// descending): (values, indices); the sort is always stable.
@@ -16,14 +18,23 @@ fn sort(b: &mut Builder, dim_index: usize) -> Result<()> {
     let work = at_least_1d(&view.sizes);
     let d = wrap_dim(b, b.int_arg(dim_index)?, view.sizes.len())?;
     let descending = b.bool_arg(dim_index + 1)?;
+    let (_, values, indices) = sorted(b, &work, d, descending)?;
+    output_as(b, &view.sizes, &[values, indices])
+}
+
+/// Argument 0 as `work` dims, and its values and indices stably sorted
+/// along `d`.
+fn sorted(
+    b: &mut Builder,
+    work: &[i64],
+    d: usize,
+    descending: bool,
+) -> Result<(ValueId, ValueId, ValueId)> {
     let x = b.tensor(0)?;
-    let x = b.reshape(x, &work)?;
-    let iota = b.iota(DType::I64, &work, d);
+    let x = b.reshape(x, work)?;
+    let iota = b.iota(DType::I64, work, d);
     let (values, indices) = b.sort(x, iota, d, descending);
-    let values = b.reshape(values, &view.sizes)?;
-    let indices = b.reshape(indices, &view.sizes)?;
-    b.output(values)?;
-    b.output(indices)
+    Ok((x, values, indices))
 }
 
 /// topk(self, k, dim, largest, sorted): the first k of a stable sort.
@@ -36,10 +47,7 @@ fn topk(b: &mut Builder) -> Result<()> {
         return Err(b.arg_error(1, format!("k in [0, {}]", work[d]), k));
     }
     let largest = b.bool_arg(3)?;
-    let x = b.tensor(0)?;
-    let x = b.reshape(x, &work)?;
-    let iota = b.iota(DType::I64, &work, d);
-    let (values, indices) = b.sort(x, iota, d, largest);
+    let (_, values, indices) = sorted(b, &work, d, largest)?;
     let limit: Vec<i64> = work
         .iter()
         .enumerate()
@@ -50,10 +58,7 @@ fn topk(b: &mut Builder) -> Result<()> {
     let values = b.slice(values, &zeros, &limit, &ones);
     let indices = b.slice(indices, &zeros, &limit, &ones);
     let out_sizes: Vec<i64> = if view.sizes.is_empty() { vec![] } else { limit };
-    let values = b.reshape(values, &out_sizes)?;
-    let indices = b.reshape(indices, &out_sizes)?;
-    b.output(values)?;
-    b.output(indices)
+    output_as(b, &out_sizes, &[values, indices])
 }
 
 /// kthvalue(self, k, dim, keepdim) and median.dim(self, dim, keepdim):
@@ -77,10 +82,7 @@ fn order_statistic(b: &mut Builder, median: bool) -> Result<()> {
         ));
     }
     let keepdim = b.bool_arg(keep_index)?;
-    let x = b.tensor(0)?;
-    let x = b.reshape(x, &work)?;
-    let iota = b.iota(DType::I64, &work, d);
-    let (values, indices) = b.sort(x, iota, d, false);
+    let (_, values, indices) = sorted(b, &work, d, false)?;
     let mut start = vec![0; work.len()];
     start[d] = kth;
     let mut limit = work.clone();
@@ -88,11 +90,7 @@ fn order_statistic(b: &mut Builder, median: bool) -> Result<()> {
     let ones = vec![1; work.len()];
     let v = b.slice(values, &start, &limit, &ones);
     let i = b.slice(indices, &start, &limit, &ones);
-    let shape = reduced_shape(&view.sizes, d, keepdim);
-    let v = b.reshape(v, &shape)?;
-    let i = b.reshape(i, &shape)?;
-    b.output(v)?;
-    b.output(i)
+    output_as(b, &reduced_shape(&view.sizes, d, keepdim), &[v, i])
 }
 
 /// median(self): the lower middle of all elements (NaN if any).
@@ -135,10 +133,7 @@ fn nanmedian(b: &mut Builder, with_dim: bool) -> Result<()> {
     };
     let n = work[d];
     require_nonempty_dim(b, n, &view.sizes)?;
-    let x = b.tensor(0)?;
-    let x = b.reshape(x, &work)?;
-    let iota = b.iota(DType::I64, &work, d);
-    let (values, indices) = b.sort(x, iota, d, false);
+    let (x, values, indices) = sorted(b, &work, d, false)?;
     // Per row: the count of non-NaN values, and the lower middle of them.
     let not_nan = b.compare(CompareDir::Eq, x, x)?;
     let count = b.convert(not_nan, DType::I64);
@@ -168,12 +163,8 @@ fn nanmedian(b: &mut Builder, with_dim: bool) -> Result<()> {
         let value = b.reshape(value, &[])?;
         return b.output(value);
     }
-    let shape = reduced_shape(&view.sizes, d, keepdim);
-    let value = b.reshape(value, &shape)?;
     let index = b.select(no_values, zero, index)?;
-    let index = b.reshape(index, &shape)?;
-    b.output(value)?;
-    b.output(index)
+    output_as(b, &reduced_shape(&view.sizes, d, keepdim), &[value, index])
 }
 
 /// bucketize.Tensor(self, boundaries, *, out_int32, right) and
@@ -195,13 +186,7 @@ fn bucket(b: &mut Builder, searchsorted: bool) -> Result<()> {
         let sdims = b.dims(s);
         let m = *sdims.last().unwrap_or(&1);
         let rows: i64 = sdims[..sdims.len().saturating_sub(1)].iter().product();
-        let sorter = b.tensor(5)?;
-        let sorter = b.convert(sorter, DType::I64);
-        let sorter = b.reshape(sorter, &[rows, m])?;
-        let row = b.iota(DType::I64, &[rows, m], 0);
-        let mv = b.constant(Literal::Int(m), DType::I64, &[rows, m]);
-        let base = b.binary(BinaryOp::Mul, row, mv)?;
-        let flat = b.binary(BinaryOp::Add, base, sorter)?;
+        let flat = plane_positions(b, 5, rows, m, m)?;
         let seq = b.reshape(s, &[rows * m])?;
         let sorted = b.flat_gather(seq, flat);
         s = b.reshape(sorted, &sdims)?;
@@ -246,21 +231,30 @@ fn bucket(b: &mut Builder, searchsorted: bool) -> Result<()> {
 }
 
 pub(super) fn ops() -> Vec<OpDef> {
-    vec![
+    let mut ops = vec![
         op!("aten::sort", sort(1)),
         op!("aten::sort.stable", sort(2)),
         op!("aten::topk", topk()),
-        op!("aten::kthvalue", order_statistic(false)),
-        op!("aten::kthvalue.values", order_statistic(false)),
-        op!("aten::median.dim", order_statistic(true)),
-        op!("aten::median.dim_values", order_statistic(true)),
         op!("aten::median", median_all()),
         op!("aten::nanmedian", nanmedian(false)),
-        op!("aten::nanmedian.dim", nanmedian(true)),
-        op!("aten::nanmedian.dim_values", nanmedian(true)),
-        op!("aten::bucketize.Tensor", bucket(false)),
-        op!("aten::bucketize.Tensor_out", bucket(false)),
-        op!("aten::searchsorted.Tensor", bucket(true)),
-        op!("aten::searchsorted.Tensor_out", bucket(true)),
-    ]
+    ];
+    ops.extend(aliases!(
+        ["aten::kthvalue", "aten::kthvalue.values"],
+        order_statistic(false)
+    ));
+    ops.extend(aliases!(
+        ["aten::median.dim", "aten::median.dim_values"],
+        order_statistic(true)
+    ));
+    ops.extend(aliases!(
+        ["aten::nanmedian.dim", "aten::nanmedian.dim_values"],
+        nanmedian(true)
+    ));
+    ops.extend(out_overloads!("aten::bucketize", ["Tensor"], bucket(false)));
+    ops.extend(out_overloads!(
+        "aten::searchsorted",
+        ["Tensor"],
+        bucket(true)
+    ));
+    ops
 }

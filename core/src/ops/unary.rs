@@ -1,7 +1,8 @@
-//! Unary elementwise ops: float math, rounding and sign, negation and
-//! absolute value, bitwise/logical not, nan_to_num, logit.
+//! Unary elementwise ops: float math (and the elementwise hardsigmoid and
+//! mish), rounding and sign, relu, negation and absolute value,
+//! bitwise/logical not, nan_to_num, logit.
 
-use super::{accumulate_dtype, finish, is_float, is_integral, Arith, Form, OpDef};
+use super::{accumulate_dtype, ensure, finish, is_float, is_integral, Arith, Form, OpDef};
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -275,14 +276,7 @@ fn same_unary(
 /// Errors for a bool `x`, which the op cannot take (`expected` says what
 /// it can).
 fn reject_bool(b: &Builder, x: ValueId, expected: &str) -> Result<()> {
-    if b.dtype(x) == DType::Bool {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            expected,
-            "bool",
-        ));
-    }
-    Ok(())
+    ensure(b, b.dtype(x) != DType::Bool, "input", expected, "bool")
 }
 
 fn relu(b: &mut Builder, x: ValueId) -> Result<ValueId> {
