@@ -111,6 +111,49 @@ static void check_values(const rtpu_storage *s, const float *want) {
   CHECK(memcmp(back, want, sizeof back) == 0);
 }
 
+/* A graph whose device-side index check fails writes nothing: x, squared
+ * in place in that graph, keeps its old values, and the next op works. */
+static void failed_check_keeps_old_values(rtpu_runtime *rt, const rtpu_storage *x,
+                                          const float *values) {
+  rtpu_storage *index = NULL;
+  CHECK_OK(rtpu_storage_new(rt, 0, 4 * sizeof(int64_t), &index));
+  const int64_t positions[4] = {0, 1, 2, 3};
+  rtpu_tensor_ref index_ref = vector_of(index);
+  index_ref.dtype = RTPU_DTYPE_INT64;
+  CHECK_OK(rtpu_tensor_copy_from_host(&index_ref, positions, sizeof positions));
+  CHECK_OK(rtpu_engine_set_mode(RTPU_MODE_DEFERRED));
+  rtpu_op_arg args[3];
+  memset(args, 0, sizeof args);
+  args[0].tag = args[1].tag = RTPU_ARG_TENSOR;
+  args[0].tensor = args[1].tensor = vector_of(x);
+  rtpu_op_result *result = NULL;
+  CHECK_OK(rtpu_op_call(rt, find_op("aten::mul_.Tensor"), args, 2, &result));
+  rtpu_op_result_destroy(result);
+  /* Indices the graph computes ({0, 1, 4, 9} of 4 rows) are checked on the
+   * device; the failure shows at the next sync point. */
+  args[0].tensor = args[1].tensor = index_ref;
+  CHECK_OK(rtpu_op_call(rt, find_op("aten::mul.Tensor"), args, 2, &result));
+  rtpu_op_output squared;
+  memset(&squared, 0, sizeof squared);
+  squared.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
+  CHECK_OK(rtpu_op_result_get(result, 0, &squared));
+  rtpu_op_result_destroy(result);
+  args[0].tensor = vector_of(x);
+  args[1].tag = RTPU_ARG_INT;
+  args[1].int_value = 0;
+  args[2].tag = RTPU_ARG_TENSOR;
+  args[2].tensor = index_ref;
+  args[2].tensor.storage = squared.storage;
+  CHECK_OK(rtpu_op_call(rt, find_op("aten::index_select"), args, 3, &result));
+  rtpu_op_result_destroy(result);
+  CHECK_OK(rtpu_engine_flush("deferred.c: a failing check"));
+  CHECK_ERROR(rtpu_engine_synchronize(), INVALID, "out of range");
+  CHECK_OK(rtpu_engine_set_mode(RTPU_MODE_EAGER));
+  check_values(x, values);
+  rtpu_storage_release(squared.storage);
+  rtpu_storage_release(index);
+}
+
 int main(void) {
   rtpu_runtime_open_args open_args = {0};
   open_args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
@@ -143,6 +186,7 @@ int main(void) {
   rtpu_storage_release(z);
   CHECK_OK(rtpu_engine_set_mode(RTPU_MODE_EAGER));
   recompile_controls(rt, x);
+  failed_check_keeps_old_values(rt, x, data);
 
   /* Capture y = x * x once, replay it on another input. */
   CHECK_OK(rtpu_capture_begin(rt, &xr, 1));

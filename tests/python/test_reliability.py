@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import rtpu
+from test_compile import train_step
 from test_step import mse_steps
 
 DEVICE = "tpu"
@@ -226,3 +227,71 @@ def test_sizes_past_the_device_are_out_of_memory_errors_and_the_process_goes_on(
     for name in ("empty", "expand", "resize"):
         assert f"{name} out of memory True" in done.stdout, done.stdout + done.stderr
     assert "allocated 0" in done.stdout and "after [2.0, 2.0, 2.0]" in done.stdout, done.stdout
+
+
+
+def classifier_step(model, optimizer, x, target):
+    """One training step of `model` on (x, target) as one program; the
+    target is computed inside it, so its range is checked on the device."""
+    with rtpu.step():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), target + 0)
+        loss.backward()
+        optimizer.step()
+    return loss
+
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=0.01),
+}
+
+
+@pytest.mark.parametrize("optimizer_name", OPTIMIZERS)
+@pytest.mark.parametrize("runner", ["step", "compiled"])
+def test_a_step_failing_a_device_check_keeps_the_old_weights_and_the_next_step_trains(runner, optimizer_name):
+    seed = torch.seed()
+    print("seed", seed)
+    classes = 5
+    model_cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, classes))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, classes))
+    model.load_state_dict(model_cpu.state_dict())
+    model.to(DEVICE)
+    make_optimizer = OPTIMIZERS[optimizer_name]
+    optimizer_cpu, optimizer = make_optimizer(model_cpu.parameters()), make_optimizer(model.parameters())
+    # In a step the target is checked on the device when computed there; a
+    # compiled step checks every index on the device.
+    tpu_step = classifier_step if runner == "step" else torch.compile(train_step, backend="tpu")
+    x = torch.randn(4, 8)
+    good = torch.randint(0, classes, (4,))
+    for _ in range(2):  # optimizer state exists before the failing step
+        train_step(model_cpu, optimizer_cpu, x, good)
+        tpu_step(model, optimizer, x.to(DEVICE), good.to(DEVICE))
+    state = {k: v.cpu() for k, v in model.state_dict().items()}
+    optimizer_state = [{k: v.cpu() for k, v in s.items() if torch.is_tensor(v) and v.device.type == DEVICE}
+                       for s in optimizer.state.values()]
+    host_steps = [s["step"].clone() for s in optimizer.state.values()
+                  if "step" in s and s["step"].device.type == "cpu"]
+
+    bad = good.clone()
+    bad[2] = classes  # one class past the last
+    with pytest.raises(RuntimeError, match=r"class indices in \[0, 5\).*found on the device"):
+        tpu_step(model, optimizer, x.to(DEVICE), bad.to(DEVICE)).item()
+    # Nothing the failed step would have written changed: weights, biases and
+    # the optimizer's buffers hold their old bytes.
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value.cpu(), state[name], rtol=0, atol=0, msg=name)
+    for kept, s in zip(optimizer_state, optimizer.state.values()):
+        for k, v in kept.items():
+            torch.testing.assert_close(s[k].cpu(), v, rtol=0, atol=0, msg=k)
+    # The model can be saved, and the next step trains as on CPU, whose
+    # optimizer never saw the failed step (a step counter on the host is not
+    # rtpu's to keep, so the test winds it back).
+    torch.save(model.state_dict(), os.devnull)
+    for s, step in zip((s for s in optimizer.state.values() if "step" in s and s["step"].device.type == "cpu"), host_steps):
+        s["step"].copy_(step)
+    loss_cpu = train_step(model_cpu, optimizer_cpu, x, good)
+    loss = tpu_step(model, optimizer, x.to(DEVICE), good.to(DEVICE))
+    torch.testing.assert_close(loss.cpu(), loss_cpu.detach(), rtol=1e-5, atol=1e-6)
+    for (name, value), expected in zip(model.state_dict().items(), model_cpu.state_dict().values()):
+        torch.testing.assert_close(value.cpu(), expected, rtol=1e-5, atol=1e-6, msg=name)

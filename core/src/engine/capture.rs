@@ -9,9 +9,10 @@
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
+use super::checks::{self, OnFailure};
 use super::deferred::{self, CapturedOutput, RanGraph, RecordedOp, Source, SplicedParam};
+use super::location;
 use super::mode::{self, Mode};
-use super::{checks, location};
 use super::{host_input, Output, TensorArg};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
@@ -64,6 +65,9 @@ pub struct CapturedGraph {
     num_inputs: usize,
     num_outputs: usize,
     checks: Vec<((ErrorCode, String), usize)>,
+    /// Per entry of `written`: whether the program writes the old value
+    /// back when a check fails.
+    kept_on_failure: Vec<bool>,
     ops: Vec<RecordedOp>,
     site: u32,
 }
@@ -262,6 +266,7 @@ fn bind(
         num_inputs: state.inputs.len(),
         num_outputs: outputs.len(),
         checks: ran.checks,
+        kept_on_failure: ran.kept_on_failure,
         ops: ran.ops,
         site,
     })
@@ -419,16 +424,24 @@ impl CapturedGraph {
         let mut outputs: Vec<Option<Output>> = (0..self.num_outputs).map(|_| None).collect();
         let mut written_storages = Vec::new();
         let mut latest = Vec::new();
-        for (written, buffer) in self.written.iter().zip(buffers) {
+        let mut on_failure = Vec::new();
+        for ((written, buffer), &kept) in
+            self.written.iter().zip(buffers).zip(&self.kept_on_failure)
+        {
             let dtype = buffer.dtype()?;
             match written {
                 Written::Input(i) => {
                     let storage = &inputs[*i].storage;
+                    let before = storage.recorded_value();
                     storage.set_value(buffer, dtype)?;
                     if let StorageValue::Buffer { buffer, .. } = storage.recorded_value() {
                         latest.push(Arc::downgrade(&buffer));
                     }
                     written_storages.push(storage.clone());
+                    on_failure.push(match kept {
+                        true => OnFailure::Keep,
+                        false => OnFailure::Restore(before),
+                    });
                 }
                 Written::Outputs(views) => {
                     let storage =
@@ -438,6 +451,7 @@ impl CapturedGraph {
                     }
                     place(&storage, views, &mut outputs);
                     written_storages.push(storage);
+                    on_failure.push(OnFailure::Lose);
                 }
                 Written::Dropped => {}
             }
@@ -450,6 +464,7 @@ impl CapturedGraph {
             &self.checks,
             &written_storages,
             &latest,
+            on_failure,
         );
         complete(outputs)
     }

@@ -12,7 +12,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
-use super::checks::{latest_outputs, verify_checks, watch_checks};
+use super::checks::{
+    keep_old_values_on_failure, latest_outputs, verify_checks, watch_checks, OnFailure,
+};
 use super::failure::{find_culprit, graph_error};
 use super::location::{current_location, intern_location};
 use super::mode::{self, Mode};
@@ -564,6 +566,9 @@ pub(super) struct RanGraph {
     pub written: Vec<Arc<Storage>>,
     /// The device-side checks, whose flags are the remaining outputs.
     pub checks: Vec<((ErrorCode, String), usize)>,
+    /// Per written storage: whether the program writes its old value back
+    /// when a check fails (`keep_old_values_on_failure`).
+    pub kept_on_failure: Vec<bool>,
     pub ops: Vec<RecordedOp>,
 }
 
@@ -579,7 +584,7 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
     let PendingGraph {
         client,
         device_index,
-        graph,
+        mut graph,
         sources,
         param_op,
         slots,
@@ -589,19 +594,24 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
         ..
     } = pg;
 
-    let mut outputs = Vec::new();
     let mut written = Vec::new();
     for slot in &slots {
         if let (true, Some(storage)) = (slot.written, slot.storage.upgrade()) {
-            outputs.push(slot.value);
             written.push((storage, slot));
         }
     }
-    if outputs.is_empty() {
+    if written.is_empty() {
         return Ok(None);
     }
+    let flags: Vec<ValueId> = checks.iter().map(|(flag, ..)| *flag).collect();
+    let mut writes: Vec<(ValueId, Option<usize>)> = written
+        .iter()
+        .map(|(_, slot)| (slot.value, slot.param))
+        .collect();
+    let kept_on_failure = keep_old_values_on_failure(&mut graph, &flags, &mut writes);
+    let mut outputs: Vec<ValueId> = writes.iter().map(|&(value, _)| value).collect();
     let written_count = outputs.len();
-    outputs.extend(checks.iter().map(|(flag, ..)| *flag));
+    outputs.extend(flags);
     let (mut pruned, kept) = prune(&graph, &outputs);
     // A buffer held only by this graph belongs to a storage the graph
     // overwrites: XLA may reuse its memory for the new value.
@@ -647,8 +657,19 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
                 .into_iter()
                 .map(|(_, error, op)| (error, op))
                 .collect();
+            let on_failure = written
+                .iter()
+                .zip(&kept_on_failure)
+                .map(|((_, slot), &kept)| match &slot.before {
+                    _ if kept => OnFailure::Keep,
+                    Some(before) if !matches!(before, StorageValue::Pending { .. }) => {
+                        OnFailure::Restore(before.clone())
+                    }
+                    _ => OnFailure::Lose,
+                })
+                .collect();
             let written: Vec<Arc<Storage>> = written.into_iter().map(|(s, _)| s).collect();
-            watch_checks(site, &ops, flags, &checks, &written, &latest);
+            watch_checks(site, &ops, flags, &checks, &written, &latest, on_failure);
             *latest_outputs() = latest;
             Ok(capture.then(|| RanGraph {
                 graph: pruned,
@@ -656,6 +677,7 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
                 sources: kept.iter().map(|&p| sources[p].clone()).collect(),
                 written,
                 checks,
+                kept_on_failure,
                 ops,
             }))
         }

@@ -103,3 +103,59 @@ pub(super) fn graph_error(
         message,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::dtype::DType;
+    use crate::ir::{TensorType, UnaryOp};
+    use crate::runtime::{self, CreateOption};
+
+    /// The CPU plugin of `$RTPU_PLUGIN` (`scripts/test` sets it).
+    fn client() -> Client {
+        let path = runtime::resolve_plugin_path(None).expect("RTPU_PLUGIN names the CPU plugin");
+        let plugin = runtime::load(&path).expect("load the CPU plugin");
+        Client::create(plugin, &[("cpu_device_count", CreateOption::Int(1))]).expect("a client")
+    }
+
+    /// exp, then a reshape XLA rejects (4 elements as 5), then exp again:
+    /// three ops, one node each after the parameter.
+    fn graph_failing_in_op_1() -> (Graph, Vec<usize>) {
+        let vector = |n| TensorType::new(DType::F32, &[n]);
+        let nodes = vec![
+            (Node::Param(0), vector(4)),
+            (Node::Unary(UnaryOp::Exp, 0), vector(4)),
+            (Node::Reshape(1), vector(5)),
+            (Node::Unary(UnaryOp::Exp, 2), vector(5)),
+        ];
+        let graph = Graph {
+            params: vec![vector(4)],
+            nodes,
+            outputs: vec![3],
+            donors: Vec::new(),
+        };
+        (graph, vec![2, 3, 4])
+    }
+
+    #[test]
+    fn the_culprit_is_the_first_op_whose_prefix_fails() {
+        let client = client();
+        let device = client.device(0).unwrap();
+        let x = client
+            .buffer_from_host(&[0u8; 16], DType::F32, &[4], &device)
+            .unwrap();
+        let sources = [Source::Buffer(Arc::new(x))];
+        let (graph, op_ends) = graph_failing_in_op_1();
+        assert_eq!(
+            find_culprit(&client, 0, &graph, &sources, &op_ends),
+            Some(1)
+        );
+        // Without the bad op nothing fails, so nothing is named.
+        let (mut graph, _) = graph_failing_in_op_1();
+        graph.nodes.truncate(2);
+        graph.outputs = vec![1];
+        assert_eq!(find_culprit(&client, 0, &graph, &sources, &[2]), None);
+    }
+}
