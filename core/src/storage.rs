@@ -6,6 +6,7 @@
 //! in elements, exactly as ATen keeps them.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::dtype::DType;
@@ -28,6 +29,16 @@ pub trait PendingWork: Sync {
     /// Raises the failure of a device-side check of a graph that already
     /// ran (whose outputs a host read could otherwise see).
     fn verify_checks(&self) -> Result<()>;
+    /// Elements `[start, start + count)` of `buffer` (read as flat `dtype`
+    /// elements) on the host, copying only those.
+    fn read_elements(
+        &self,
+        client: &Client,
+        device_index: usize,
+        buffer: &Arc<Buffer>,
+        dtype: DType,
+        elements: Range<usize>,
+    ) -> Result<Vec<u8>>;
 }
 
 static PENDING_WORK: OnceLock<&'static dyn PendingWork> = OnceLock::new();
@@ -241,6 +252,22 @@ impl View {
     }
 
     /// Storage element indices of the view, in row-major order of its sizes.
+    /// The storage elements from the view's first to its last (empty for
+    /// an empty view). Only for a view `check_within` its storage.
+    pub fn span(&self) -> Range<usize> {
+        let first = self.offset as usize;
+        if self.numel() == 0 {
+            return first..first;
+        }
+        let last: i64 = self
+            .sizes
+            .iter()
+            .zip(&self.strides)
+            .map(|(&size, &stride)| (size - 1) * stride)
+            .sum();
+        first..first + last as usize + 1
+    }
+
     pub fn element_indices(&self) -> Vec<usize> {
         let mut out = Vec::with_capacity(self.numel());
         if self.numel() == 0 {
@@ -418,11 +445,27 @@ impl Storage {
 
     /// All bytes of the storage on the host (zeros if never written).
     pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
+        self.host_bytes(None)
+    }
+
+    /// The storage's bytes on the host: all of them, or only `elements` of
+    /// `dtype` (what a view of a large storage spans), copied from the
+    /// device as a slice when that is much less than the whole.
+    fn host_bytes(&self, elements: Option<(DType, Range<usize>)>) -> Result<Vec<u8>> {
+        // Slicing on the device costs a small program: worth it only when it
+        // saves most of a large copy.
+        const MIN_SLICED_READ_BYTES: usize = 1 << 20;
         if let Some(work) = PENDING_WORK.get() {
             work.note_host_read();
         }
+        let byte_range = |nbytes: usize| match &elements {
+            Some((dtype, range)) => {
+                range.start * dtype.size_in_bytes()..range.end * dtype.size_in_bytes()
+            }
+            None => 0..nbytes,
+        };
         if let Some(copy) = self.state().host_copy.clone() {
-            return Ok(copy.as_ref().clone());
+            return Ok(copy[byte_range(copy.len())].to_vec());
         }
         let value = self.value()?;
         // Values reach the host only after the device checks of the graphs
@@ -435,15 +478,31 @@ impl Storage {
             other => other,
         };
         let nbytes = self.nbytes();
+        let wanted = byte_range(nbytes);
         match value {
-            StorageValue::Buffer { buffer, .. } => {
-                metrics::add(Metric::DeviceToHostBytes, nbytes as u64);
+            StorageValue::Buffer { buffer, dtype } => {
                 let start = std::time::Instant::now();
-                let bytes = buffer.to_host();
+                let bytes = match (elements, PENDING_WORK.get()) {
+                    (Some((read_as, range)), Some(work))
+                        if read_as == dtype
+                            && nbytes >= MIN_SLICED_READ_BYTES
+                            && wanted.len() * 4 <= nbytes =>
+                    {
+                        metrics::add(Metric::DeviceToHostBytes, wanted.len() as u64);
+                        work.read_elements(&self.client, self.device_index, &buffer, dtype, range)
+                    }
+                    _ => {
+                        metrics::add(Metric::DeviceToHostBytes, nbytes as u64);
+                        buffer.to_host().map(|all| match wanted.len() == all.len() {
+                            true => all,
+                            false => all[wanted].to_vec(),
+                        })
+                    }
+                };
                 metrics::add_elapsed(Metric::WaitNs, start);
                 bytes
             }
-            _ => Ok(vec![0u8; nbytes]),
+            _ => Ok(vec![0u8; wanted.len()]),
         }
     }
 
@@ -472,11 +531,17 @@ impl Storage {
     /// The dense, row-major bytes of `view`.
     pub fn read_view(&self, view: &View) -> Result<Vec<u8>> {
         view.check_within(self.elements(view.dtype)?)?;
-        let all = self.to_host_bytes()?;
+        if view.numel() == 0 {
+            return Ok(Vec::new());
+        }
+        let span = view.span();
+        let first = span.start;
+        let spanned = self.host_bytes(Some((view.dtype, span)))?;
         let size = view.dtype.size_in_bytes();
         let mut out = Vec::with_capacity(view.numel() * size);
         for index in view.element_indices() {
-            out.extend_from_slice(&all[index * size..(index + 1) * size]);
+            let at = (index - first) * size;
+            out.extend_from_slice(&spanned[at..at + size]);
         }
         Ok(out)
     }

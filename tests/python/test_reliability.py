@@ -295,3 +295,29 @@ def test_a_step_failing_a_device_check_keeps_the_old_weights_and_the_next_step_t
     torch.testing.assert_close(loss.cpu(), loss_cpu.detach(), rtol=1e-5, atol=1e-6)
     for (name, value), expected in zip(model.state_dict().items(), model_cpu.state_dict().values()):
         torch.testing.assert_close(value.cpu(), expected, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_reading_a_few_elements_of_a_large_tensor_copies_only_those():
+    rows, columns = 4096, 4096  # 64 MiB of float32
+    x_cpu = torch.randn(rows, columns)
+    x = x_cpu.to(DEVICE) * 2  # a buffer a program made, with no host copy
+    torch.tpu.synchronize()
+
+    def read(view):
+        before = rtpu.metrics()["device_to_host_bytes"]
+        value = view.cpu()
+        return value, rtpu.metrics()["device_to_host_bytes"] - before
+
+    row, copied = read(x[1000, 10:20])
+    torch.testing.assert_close(row, x_cpu[1000, 10:20] * 2, rtol=0, atol=0)
+    assert copied == 10 * 4
+    block, copied = read(x[7:9, 100:103])  # spans 2 rows: from (7, 100) to (8, 102)
+    torch.testing.assert_close(block, x_cpu[7:9, 100:103] * 2, rtol=0, atol=0)
+    assert copied == (columns + 3) * 4
+    assert read(x[-1, -1])[0].item() == x_cpu[-1, -1].item() * 2
+    # A view spanning most of the storage is copied whole, as is one read
+    # as another dtype.
+    _, copied = read(x[::2, 0])
+    assert copied == rows * columns * 4
+    bits, copied = read(x.view(torch.int32)[3, :4])
+    assert torch.equal(bits, (x_cpu * 2).view(torch.int32)[3, :4]) and copied == rows * columns * 4

@@ -2,6 +2,7 @@
 //! results are installed; in deferred mode it is recorded instead.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -9,10 +10,49 @@ use super::{cache, deferred};
 use crate::builder::{Builder, Mode, Output, ParamSource, PendingOutput};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::TensorType;
+use crate::ir::{Graph, Node, TensorType};
 use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client, ExecuteOptions};
 use crate::storage::{self, Storage, View};
+
+/// Elements `[start, end)` of `buffer` (flat `dtype` elements) on the
+/// host: a program slices them out on the device, so only they are copied.
+pub(super) fn read_elements(
+    client: &Client,
+    device_index: usize,
+    buffer: &Arc<Buffer>,
+    dtype: DType,
+    elements: Range<usize>,
+) -> Result<Vec<u8>> {
+    let dims = buffer.dims()?;
+    let count: i64 = dims.iter().product();
+    let flat = TensorType::new(dtype, &[count]);
+    let mut nodes = vec![(Node::Param(0), TensorType::new(dtype, &dims))];
+    if dims.len() != 1 {
+        nodes.push((Node::Reshape(0), flat));
+    }
+    nodes.push((
+        Node::Slice {
+            operand: nodes.len() - 1,
+            start: vec![elements.start as i64],
+            limit: vec![elements.end as i64],
+            strides: vec![1],
+        },
+        TensorType::new(dtype, &[elements.len() as i64]),
+    ));
+    let graph = Graph {
+        params: vec![nodes[0].1.clone()],
+        outputs: vec![nodes.len() - 1],
+        nodes,
+        donors: Vec::new(),
+    };
+    let sources = [deferred::Source::Buffer(buffer.clone())];
+    let (_, slices) = deferred::execute(client, device_index, &graph, &[0], &sources, None)?;
+    match slices.first() {
+        Some(slice) => slice.to_host(),
+        None => Err(Error::invalid("outputs of a slicing read", 1, 0)),
+    }
+}
 
 /// TPUs have no 64-bit floats: a float64 (or complex128) op there is a
 /// clear error, never a silently narrowed result.

@@ -12,14 +12,17 @@ mod failure;
 pub mod location;
 pub mod mode;
 
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::builder::Builder;
 pub use crate::builder::{Arg, Output, TensorArg};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metric};
 use crate::ops;
-use crate::runtime::Client;
+use crate::runtime::{Buffer, Client};
 use crate::storage::{self, PendingWork};
 
 pub(crate) use eager::host_input;
@@ -38,6 +41,17 @@ impl PendingWork for EngineWork {
 
     fn verify_checks(&self) -> Result<()> {
         checks::verify_checks()
+    }
+
+    fn read_elements(
+        &self,
+        client: &Client,
+        device_index: usize,
+        buffer: &Arc<Buffer>,
+        dtype: DType,
+        elements: Range<usize>,
+    ) -> Result<Vec<u8>> {
+        eager::read_elements(client, device_index, buffer, dtype, elements)
     }
 }
 
