@@ -41,6 +41,10 @@ def _initialize() -> None:
             for_tensor=True, for_module=True, for_storage=True
         )
     _print_through_host()
+    if torch.distributed.is_available():
+        from . import distributed
+
+        distributed.register()
     # A recorded op is attributed to the innermost frame outside these
     # (FX's generated code included: its caller is the user's line).
     torch.ops.rtpu.set_internal_paths(
