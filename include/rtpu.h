@@ -92,6 +92,53 @@
 #define RTPU_CACHE_INFO_STRUCT_SIZE 40
 
 /**
+ * Every rank gets the ranks' tensors combined with `reduce_op`.
+ */
+#define RTPU_COLLECTIVE_ALL_REDUCE 0
+
+/**
+ * Every rank gets the ranks' tensors concatenated along dim 0.
+ */
+#define RTPU_COLLECTIVE_ALL_GATHER 1
+
+/**
+ * The tensors combined with `reduce_op`, split along dim 0 (its size a
+ * multiple of the rank count): rank `r` gets piece `r`.
+ */
+#define RTPU_COLLECTIVE_REDUCE_SCATTER 2
+
+/**
+ * Each tensor split along dim 0 into one piece per rank: rank `r` gets piece
+ * `r` of every rank's tensor, concatenated in rank order.
+ */
+#define RTPU_COLLECTIVE_ALL_TO_ALL 3
+
+/**
+ * Every rank gets rank `root`'s tensor.
+ */
+#define RTPU_COLLECTIVE_BROADCAST 4
+
+/**
+ * Completes once every rank has called it; no tensor in or out.
+ */
+#define RTPU_COLLECTIVE_BARRIER 5
+
+#define RTPU_REDUCE_SUM 0
+
+/**
+ * The sum divided by the number of ranks; floating-point dtypes only.
+ */
+#define RTPU_REDUCE_AVG 1
+
+#define RTPU_REDUCE_MIN 2
+
+#define RTPU_REDUCE_MAX 3
+
+#define RTPU_REDUCE_PROD 4
+
+#define RTPU_COLLECTIVE_ARGS_STRUCT_SIZE 80
+
+/**
  * Success; never carried by an `rtpu_error` (success is a NULL error).
  */
 #define RTPU_ERROR_CODE_OK 0
@@ -272,6 +319,15 @@ typedef struct rtpu_buffer rtpu_buffer;
 typedef struct rtpu_bytes rtpu_bytes;
 
 /**
+ * Devices of one runtime that run collectives together: rank `r` is the
+ * `r`-th device given to `rtpu_communicator_new_local`. Owned by the
+ * caller (`rtpu_communicator_destroy`); works started on it keep what they
+ * need, so it may be destroyed before they finish. Thread-safe: each rank
+ * usually calls from its own thread.
+ */
+typedef struct rtpu_communicator rtpu_communicator;
+
+/**
  * An error returned by a fallible rtpu call. Owned by the caller, who must
  * pass it to `rtpu_error_destroy`.
  */
@@ -309,6 +365,13 @@ typedef struct rtpu_runtime rtpu_runtime;
  * give one reference; drop it with `rtpu_storage_release`. Thread-safe.
  */
 typedef struct rtpu_storage rtpu_storage;
+
+/**
+ * One rank's started collective, from `rtpu_collective_start`. Owned by the
+ * caller (`rtpu_work_destroy`, also when it was never waited for). Use from
+ * one thread at a time.
+ */
+typedef struct rtpu_work rtpu_work;
 
 /**
  * Arguments of `rtpu_buffer_from_host`.
@@ -367,6 +430,66 @@ typedef struct rtpu_cache_info {
 } rtpu_cache_info;
 
 /**
+ * A strided view of a storage, as ATen describes a tensor. Borrowed: rtpu
+ * reads it only during the call it is passed to.
+ */
+typedef struct rtpu_tensor_ref {
+  /**
+   * The storage viewed. Required.
+   */
+  const struct rtpu_storage *storage;
+  /**
+   * In elements of `dtype`, >= 0.
+   */
+  int64_t storage_offset;
+  /**
+   * `ndim` sizes (>= 0); may be NULL when `ndim` is 0.
+   */
+  const int64_t *sizes;
+  /**
+   * `ndim` strides in elements (>= 0); may be NULL when `ndim` is 0.
+   */
+  const int64_t *strides;
+  size_t ndim;
+  /**
+   * One of `RTPU_DTYPE_*`.
+   */
+  uint32_t dtype;
+} rtpu_tensor_ref;
+
+/**
+ * Arguments of `rtpu_collective_start`.
+ */
+typedef struct rtpu_collective_args {
+  /**
+   * Set to `RTPU_COLLECTIVE_ARGS_STRUCT_SIZE`.
+   */
+  size_t struct_size;
+  /**
+   * One of `RTPU_COLLECTIVE_*`.
+   */
+  uint32_t collective;
+  /**
+   * One of `RTPU_REDUCE_*`, for all-reduce and reduce-scatter.
+   */
+  uint32_t reduce_op;
+  /**
+   * The calling rank, below the communicator's size.
+   */
+  size_t rank;
+  /**
+   * The rank whose tensor a broadcast sends.
+   */
+  size_t root;
+  /**
+   * This rank's tensor (ignored for a barrier): contiguous, covering all
+   * of its storage, on the rank's device. Every rank passes the same
+   * dtype and sizes. Borrowed for the call; the storage is not changed.
+   */
+  struct rtpu_tensor_ref input;
+} rtpu_collective_args;
+
+/**
  * Arguments of `rtpu_executable_compile`.
  */
 typedef struct rtpu_compile_args {
@@ -418,34 +541,6 @@ typedef struct rtpu_execute_args {
   const size_t *donated;
   size_t num_donated;
 } rtpu_execute_args;
-
-/**
- * A strided view of a storage, as ATen describes a tensor. Borrowed: rtpu
- * reads it only during the call it is passed to.
- */
-typedef struct rtpu_tensor_ref {
-  /**
-   * The storage viewed. Required.
-   */
-  const struct rtpu_storage *storage;
-  /**
-   * In elements of `dtype`, >= 0.
-   */
-  int64_t storage_offset;
-  /**
-   * `ndim` sizes (>= 0); may be NULL when `ndim` is 0.
-   */
-  const int64_t *sizes;
-  /**
-   * `ndim` strides in elements (>= 0); may be NULL when `ndim` is 0.
-   */
-  const int64_t *strides;
-  size_t ndim;
-  /**
-   * One of `RTPU_DTYPE_*`.
-   */
-  uint32_t dtype;
-} rtpu_tensor_ref;
 
 /**
  * One argument of `rtpu_op_call`; `tag` says which fields are set. All
@@ -680,6 +775,51 @@ struct rtpu_error *rtpu_cache_dir(struct rtpu_bytes **dir_out);
  * `*removed_out`. Executables already loaded stay usable. Thread-safe.
  */
 struct rtpu_error *rtpu_cache_clear(uint64_t *removed_out);
+
+/**
+ * Writes to `*communicator_out` a communicator over `num_devices` distinct
+ * device indices of `runtime` (`devices`, borrowed), rank `r` on
+ * `devices[r]`. On success the caller owns it.
+ */
+struct rtpu_error *rtpu_communicator_new_local(const struct rtpu_runtime *runtime, const size_t *devices, size_t num_devices, struct rtpu_communicator **communicator_out);
+
+/**
+ * The number of ranks; 0 for NULL. Thread-safe.
+ */
+size_t rtpu_communicator_size(const struct rtpu_communicator *communicator);
+
+/**
+ * Frees a communicator. NULL is a no-op.
+ */
+void rtpu_communicator_destroy(struct rtpu_communicator *communicator);
+
+/**
+ * Starts rank `args->rank`'s part of its next collective and writes to
+ * `*work_out` a work to wait on (owned by the caller). Returns at once:
+ * the collective runs when every rank has started it. Input this rank
+ * alone can see is wrong (a tensor on another device, an unsupported
+ * dtype, a size that does not split) is refused here and takes no part;
+ * what the ranks must agree on is reported by `rtpu_work_wait` on every
+ * rank.
+ */
+struct rtpu_error *rtpu_collective_start(const struct rtpu_communicator *communicator, const struct rtpu_collective_args *args, struct rtpu_work **work_out);
+
+/**
+ * Waits up to `timeout_ms` milliseconds for the collective. On success,
+ * writes this rank's result to `*output_out` as a new storage (one
+ * reference for the caller) holding the result's elements densely, or
+ * NULL for a barrier; `output_out` may be NULL to drop the result. A
+ * failure (ranks that disagreed, a rank that never came within the
+ * timeout) is the same error on every rank, and ends the collective: a
+ * later wait on any rank's work returns it. A work is waited for once.
+ */
+struct rtpu_error *rtpu_work_wait(struct rtpu_work *work, uint64_t timeout_ms, struct rtpu_storage **output_out);
+
+/**
+ * Frees a work. Dropping one never waited for gives up its result; the
+ * other ranks' collective is not affected. NULL is a no-op.
+ */
+void rtpu_work_destroy(struct rtpu_work *work);
 
 /**
  * The error's code, one of `RTPU_ERROR_CODE_*`.

@@ -156,6 +156,11 @@ pub enum Error {
     #[error("this tensor has no value: {message}")]
     LostValue { code: ErrorCode, message: String },
 
+    /// A collective failed on every rank: ranks that disagreed, one that
+    /// never came, or the program's own failure.
+    #[error("{message}")]
+    Collective { code: ErrorCode, message: String },
+
     /// `rtpu.set_recompile_limit(n)` was passed at a site.
     #[error(
         "{site} would compile its graph number {count}, past the recompile limit of {limit}: \
@@ -180,7 +185,9 @@ impl Error {
                 ErrorCode::InvalidArgument
             }
             Error::UnsupportedBufferType { .. } => ErrorCode::Unimplemented,
-            Error::DeferredGraph { code, .. } | Error::LostValue { code, .. } => *code,
+            Error::DeferredGraph { code, .. }
+            | Error::LostValue { code, .. }
+            | Error::Collective { code, .. } => *code,
             Error::RecompileLimit { .. } => ErrorCode::FailedPrecondition,
             Error::OutOfMemory { .. } => ErrorCode::ResourceExhausted,
         }

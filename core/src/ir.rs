@@ -347,13 +347,44 @@ pub enum Node {
     RngBits {
         key: ValueId,
     },
+    /// Collectives across the replicas of a program. `groups` lists the
+    /// replica ids that combine their values (every replica in one group).
+    /// Each replica's `operand` combined with `op` over its group.
+    AllReduce {
+        operand: ValueId,
+        op: ReduceOp,
+        groups: Vec<Vec<i64>>,
+    },
+    /// The group's operands concatenated along `dim`, in replica order.
+    AllGather {
+        operand: ValueId,
+        dim: usize,
+        groups: Vec<Vec<i64>>,
+    },
+    /// The operands combined with `op`, then split along `dim`: replica k of
+    /// the group gets the k-th piece.
+    ReduceScatter {
+        operand: ValueId,
+        op: ReduceOp,
+        dim: usize,
+        groups: Vec<Vec<i64>>,
+    },
+    /// Each operand split along `dim` into one piece per replica of the
+    /// group; replica k gets the k-th piece of each, concatenated along `dim`.
+    AllToAll {
+        operand: ValueId,
+        dim: usize,
+        groups: Vec<Vec<i64>>,
+    },
+    /// The replica's id, a `u32` scalar.
+    ReplicaId,
 }
 
 impl Node {
     /// Calls `f` on every value the node reads, in a fixed order.
     pub fn for_each_operand_mut(&mut self, mut f: impl FnMut(&mut ValueId)) {
         match self {
-            Node::Param(_) | Node::Constant(_) | Node::Iota { .. } => {}
+            Node::Param(_) | Node::Constant(_) | Node::Iota { .. } | Node::ReplicaId => {}
             Node::Unary(_, x)
             | Node::Convert(x)
             | Node::BitcastConvert(x)
@@ -365,7 +396,11 @@ impl Node {
             | Node::Reverse { operand: x, .. }
             | Node::ReduceWindow { operand: x, .. }
             | Node::SortPayload { sort: x }
-            | Node::RngBits { key: x } => f(x),
+            | Node::RngBits { key: x }
+            | Node::AllReduce { operand: x, .. }
+            | Node::AllGather { operand: x, .. }
+            | Node::ReduceScatter { operand: x, .. }
+            | Node::AllToAll { operand: x, .. } => f(x),
             Node::Binary(_, x, y)
             | Node::Compare(_, x, y)
             | Node::Dot { lhs: x, rhs: y, .. }

@@ -5,6 +5,7 @@
 //! crate in `ffi/` is the C face of it.
 
 pub mod builder;
+pub mod dist;
 pub mod dtype;
 pub mod engine;
 pub mod error;

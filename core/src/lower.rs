@@ -152,6 +152,35 @@ fn reduce_combiner(op: ReduceOp) -> &'static str {
     }
 }
 
+/// The region that combines two scalars of `dtype` with `op`, as the
+/// collectives take it.
+fn combiner_region(op: ReduceOp, dtype: DType) -> String {
+    let scalar = TensorType::new(dtype, &[]);
+    format!(
+        "{{\n    ^bb0(%a: {scalar}, %b: {scalar}):\n      \
+         %r = \"{}\"(%a, %b) : ({scalar}, {scalar}) -> {scalar}\n      \
+         \"stablehlo.return\"(%r) : ({scalar}) -> ()\n    }}",
+        reduce_combiner(op)
+    )
+}
+
+/// `replica_groups` as a dense attribute: one row per group.
+fn replica_groups(groups: &[Vec<i64>]) -> String {
+    let width = groups.first().map_or(0, Vec::len);
+    let rows: Vec<String> = groups
+        .iter()
+        .map(|g| {
+            let ids: Vec<String> = g.iter().map(i64::to_string).collect();
+            format!("[{}]", ids.join(", "))
+        })
+        .collect();
+    format!(
+        "dense<[{}]> : tensor<{}x{width}xi64>",
+        rows.join(", "),
+        groups.len()
+    )
+}
+
 fn reduce_identity(op: ReduceOp, dtype: DType) -> Literal {
     let float = matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
     match op {
@@ -281,6 +310,69 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
                 i64_array(dims)
             );
         }
+        Node::AllReduce {
+            operand,
+            op: reduce,
+            groups,
+        } => {
+            let region = combiner_region(*reduce, ty.dtype);
+            let groups = replica_groups(groups);
+            let _ = writeln!(
+                out,
+                "    %v{id} = \"stablehlo.all_reduce\"(%v{operand}) ({region}) {{replica_groups = {groups}}} : ({}) -> {ty}",
+                graph.ty(*operand)
+            );
+        }
+        Node::ReduceScatter {
+            operand,
+            op: reduce,
+            dim,
+            groups,
+        } => {
+            let region = combiner_region(*reduce, ty.dtype);
+            let groups = replica_groups(groups);
+            let _ = writeln!(
+                out,
+                "    %v{id} = \"stablehlo.reduce_scatter\"(%v{operand}) ({region}) \
+                 {{scatter_dimension = {dim} : i64, replica_groups = {groups}}} : ({}) -> {ty}",
+                graph.ty(*operand)
+            );
+        }
+        Node::AllGather {
+            operand,
+            dim,
+            groups,
+        } => op(
+            out,
+            graph,
+            id,
+            "stablehlo.all_gather",
+            &[*operand],
+            &format!(
+                "all_gather_dim = {dim} : i64, replica_groups = {}",
+                replica_groups(groups)
+            ),
+            ty,
+        ),
+        Node::AllToAll {
+            operand,
+            dim,
+            groups,
+        } => op(
+            out,
+            graph,
+            id,
+            "stablehlo.all_to_all",
+            &[*operand],
+            &format!(
+                "split_dimension = {dim} : i64, concat_dimension = {dim} : i64, \
+                 split_count = {} : i64, replica_groups = {}",
+                groups.first().map_or(1, Vec::len),
+                replica_groups(groups)
+            ),
+            ty,
+        ),
+        Node::ReplicaId => op(out, graph, id, "stablehlo.replica_id", &[], "", ty),
         Node::FlatGather { operand, indices } => {
             let rank = graph.ty(*indices).rank();
             op(

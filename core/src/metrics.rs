@@ -74,6 +74,8 @@ metrics! {
     DeviceToHostBytes = "device_to_host_bytes", Bytes, "bytes copied from devices to the host";
     LiveBuffers = "live_buffers", Live, "device buffers alive now";
     BuffersDonated = "buffers_donated", Count, "input buffers donated to graphs (their memory reused for outputs)";
+    CollectivesRun = "collectives_run", Count, "collectives run over the devices of a communicator";
+    CollectiveBytes = "collective_bytes", Bytes, "bytes the ranks' tensors of those collectives held";
 }
 
 const COUNT: usize = DEFINITIONS.len();

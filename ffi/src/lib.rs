@@ -15,6 +15,7 @@
 mod boundary;
 pub mod buffer;
 pub mod cache;
+pub mod collective;
 pub mod error;
 pub mod executable;
 pub mod graph;
@@ -111,6 +112,10 @@ mod tests {
         assert_eq!(
             cache::RTPU_CACHE_INFO_STRUCT_SIZE,
             size_of::<cache::rtpu_cache_info>()
+        );
+        assert_eq!(
+            collective::RTPU_COLLECTIVE_ARGS_STRUCT_SIZE,
+            size_of::<collective::rtpu_collective_args>()
         );
     }
 }

@@ -164,6 +164,19 @@ fn deferred_execution_and_captured_graphs() {
 }
 
 #[test]
+fn collectives_from_four_threads() {
+    let exe = out_dir().join("collectives");
+    compile(
+        "cc",
+        "-std=c11",
+        "tests/c/collectives.c",
+        &exe,
+        &["-pthread"],
+    );
+    run(&exe, &[]);
+}
+
+#[test]
 fn header_compiles_as_cpp17() {
     let exe = out_dir().join("header_compiles");
     compile(

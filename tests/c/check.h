@@ -18,6 +18,7 @@ _Static_assert(RTPU_COMPILE_ARGS_STRUCT_SIZE == sizeof(rtpu_compile_args), "comp
 _Static_assert(RTPU_EXECUTE_ARGS_STRUCT_SIZE == sizeof(rtpu_execute_args), "execute_args");
 _Static_assert(RTPU_OP_OUTPUT_STRUCT_SIZE == sizeof(rtpu_op_output), "op_output");
 _Static_assert(RTPU_CACHE_INFO_STRUCT_SIZE == sizeof(rtpu_cache_info), "cache_info");
+_Static_assert(RTPU_COLLECTIVE_ARGS_STRUCT_SIZE == sizeof(rtpu_collective_args), "collective_args");
 
 #define CHECK(cond)                                                          \
   do {                                                                       \
