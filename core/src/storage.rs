@@ -54,6 +54,15 @@ fn flush_device(client: &Client, device_index: usize) -> Result<()> {
         .map_or(Ok(()), |work| work.flush_device(client, device_index))
 }
 
+/// A storage's value as a host read finds it.
+enum HostValue {
+    /// The bytes last written from the host, kept for small storages.
+    Copy(Arc<Vec<u8>>),
+    Buffer(Arc<Buffer>, DType),
+    /// Never written.
+    Zeros,
+}
+
 /// What a storage holds now.
 #[derive(Clone)]
 pub enum StorageValue {
@@ -448,24 +457,14 @@ impl Storage {
         self.host_bytes(None)
     }
 
-    /// The storage's bytes on the host: all of them, or only `elements` of
-    /// `dtype` (what a view of a large storage spans), copied from the
-    /// device as a slice when that is much less than the whole.
-    fn host_bytes(&self, elements: Option<(DType, Range<usize>)>) -> Result<Vec<u8>> {
-        // Slicing on the device costs a small program: worth it only when it
-        // saves most of a large copy.
-        const MIN_SLICED_READ_BYTES: usize = 1 << 20;
+    /// The storage's value for a host read: pending work ran and the device
+    /// checks of the graphs before it passed.
+    fn value_for_host(&self) -> Result<HostValue> {
         if let Some(work) = PENDING_WORK.get() {
             work.note_host_read();
         }
-        let byte_range = |nbytes: usize| match &elements {
-            Some((dtype, range)) => {
-                range.start * dtype.size_in_bytes()..range.end * dtype.size_in_bytes()
-            }
-            None => 0..nbytes,
-        };
         if let Some(copy) = self.state().host_copy.clone() {
-            return Ok(copy[byte_range(copy.len())].to_vec());
+            return Ok(HostValue::Copy(copy));
         }
         let value = self.value()?;
         // Values reach the host only after the device checks of the graphs
@@ -477,10 +476,29 @@ impl Storage {
             StorageValue::Buffer { .. } => self.value()?,
             other => other,
         };
+        Ok(match value {
+            StorageValue::Buffer { buffer, dtype } => HostValue::Buffer(buffer, dtype),
+            _ => HostValue::Zeros,
+        })
+    }
+
+    /// The storage's bytes on the host: all of them, or only `elements` of
+    /// `dtype` (what a view of a large storage spans), copied from the
+    /// device as a slice when that is much less than the whole.
+    fn host_bytes(&self, elements: Option<(DType, Range<usize>)>) -> Result<Vec<u8>> {
+        // Slicing on the device costs a small program: worth it only when it
+        // saves most of a large copy.
+        const MIN_SLICED_READ_BYTES: usize = 1 << 20;
         let nbytes = self.nbytes();
-        let wanted = byte_range(nbytes);
-        match value {
-            StorageValue::Buffer { buffer, dtype } => {
+        let wanted = match &elements {
+            Some((dtype, range)) => {
+                range.start * dtype.size_in_bytes()..range.end * dtype.size_in_bytes()
+            }
+            None => 0..nbytes,
+        };
+        match self.value_for_host()? {
+            HostValue::Copy(copy) => Ok(copy[wanted].to_vec()),
+            HostValue::Buffer(buffer, dtype) => {
                 let start = std::time::Instant::now();
                 let bytes = match (elements, PENDING_WORK.get()) {
                     (Some((read_as, range)), Some(work))
@@ -502,7 +520,7 @@ impl Storage {
                 metrics::add_elapsed(Metric::WaitNs, start);
                 bytes
             }
-            _ => Ok(vec![0u8; wanted.len()]),
+            HostValue::Zeros => Ok(vec![0u8; wanted.len()]),
         }
     }
 
@@ -536,7 +554,11 @@ impl Storage {
         }
         let span = view.span();
         let first = span.start;
+        let dense = view.is_contiguous() && span.len() == view.numel();
         let spanned = self.host_bytes(Some((view.dtype, span)))?;
+        if dense {
+            return Ok(spanned);
+        }
         let size = view.dtype.size_in_bytes();
         let mut out = Vec::with_capacity(view.numel() * size);
         for index in view.element_indices() {
@@ -544,6 +566,35 @@ impl Storage {
             out.extend_from_slice(&spanned[at..at + size]);
         }
         Ok(out)
+    }
+
+    /// The dense, row-major bytes of `view`, written to `dst` (exactly their
+    /// size). A view of the whole storage is copied from the device straight
+    /// into `dst`.
+    pub fn read_view_into(&self, view: &View, dst: &mut [u8]) -> Result<()> {
+        let size = view.dtype.size_in_bytes();
+        let whole =
+            view.offset == 0 && view.is_contiguous() && view.numel() * size == self.nbytes();
+        if !whole || dst.len() != self.nbytes() {
+            let bytes = self.read_view(view)?;
+            if bytes.len() != dst.len() {
+                return Err(Error::invalid("host destination", bytes.len(), dst.len()));
+            }
+            dst.copy_from_slice(&bytes);
+            return Ok(());
+        }
+        match self.value_for_host()? {
+            HostValue::Copy(copy) => dst.copy_from_slice(&copy),
+            HostValue::Buffer(buffer, _) => {
+                metrics::add(Metric::DeviceToHostBytes, dst.len() as u64);
+                let start = std::time::Instant::now();
+                let copied = buffer.copy_to_host(dst);
+                metrics::add_elapsed(Metric::WaitNs, start);
+                copied?
+            }
+            HostValue::Zeros => dst.fill(0),
+        }
+        Ok(())
     }
 
     /// Writes dense, row-major `bytes` into `view`; the rest of the storage
@@ -563,18 +614,12 @@ impl Storage {
         }
         let whole =
             view.offset == 0 && view.is_contiguous() && view.numel() * size == self.nbytes();
-        let mut all = if whole {
-            Vec::new()
-        } else {
-            self.to_host_bytes()?
-        };
         if whole {
-            all = bytes.to_vec();
-        } else {
-            for (i, index) in view.element_indices().into_iter().enumerate() {
-                all[index * size..(index + 1) * size]
-                    .copy_from_slice(&bytes[i * size..(i + 1) * size]);
-            }
+            return self.write_host_bytes(bytes, view.dtype);
+        }
+        let mut all = self.to_host_bytes()?;
+        for (i, index) in view.element_indices().into_iter().enumerate() {
+            all[index * size..(index + 1) * size].copy_from_slice(&bytes[i * size..(i + 1) * size]);
         }
         self.write_host_bytes(&all, view.dtype)
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use rtpu_core::storage::{Storage, View};
 
-use crate::boundary::{fallible, infallible, non_null, out_ptr, slice};
+use crate::boundary::{fallible, infallible, non_null, out_ptr, slice, slice_mut};
 use crate::buffer::dtype_from_c;
 use crate::error::{rtpu_error, FfiError};
 use crate::runtime::{rtpu_runtime, runtime_ref};
@@ -208,10 +208,9 @@ pub extern "C" fn rtpu_tensor_copy_to_host(
         if expected == 0 {
             return Ok(());
         }
-        let data = out_ptr(data.cast::<u8>(), "data")?;
-        let bytes = storage.read_view(&view)?;
-        // SAFETY: the caller provides `nbytes` writable bytes at `data`.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), data, expected) };
-        Ok(())
+        // SAFETY: the caller provides `nbytes` writable bytes at `data`, not
+        // aliased during the call.
+        let dst = unsafe { slice_mut(data.cast::<u8>(), expected, "data") }?;
+        Ok(storage.read_view_into(&view, dst)?)
     })
 }
