@@ -138,6 +138,8 @@
 
 #define RTPU_COLLECTIVE_ARGS_STRUCT_SIZE 80
 
+#define RTPU_HOST_TRANSPORT_STRUCT_SIZE 64
+
 /**
  * Success; never carried by an `rtpu_error` (success is a NULL error).
  */
@@ -319,11 +321,13 @@ typedef struct rtpu_buffer rtpu_buffer;
 typedef struct rtpu_bytes rtpu_bytes;
 
 /**
- * Devices of one runtime that run collectives together: rank `r` is the
- * `r`-th device given to `rtpu_communicator_new_local`. Owned by the
- * caller (`rtpu_communicator_destroy`); works started on it keep what they
- * need, so it may be destroyed before they finish. Thread-safe: each rank
- * usually calls from its own thread.
+ * Ranks that run collectives together: devices of one runtime
+ * (`rtpu_communicator_new_local`, rank `r` on the `r`-th device given), or
+ * one rank of a group of processes (`rtpu_communicator_new_processes`).
+ * Owned by the caller (`rtpu_communicator_destroy`); works started on it
+ * keep what they need, so it may be destroyed before they finish.
+ * Thread-safe: the ranks of a local communicator usually call from one
+ * thread each.
  */
 typedef struct rtpu_communicator rtpu_communicator;
 
@@ -428,6 +432,53 @@ typedef struct rtpu_cache_info {
    */
   uint64_t max_bytes;
 } rtpu_cache_info;
+
+/**
+ * How a process communicator moves bytes between processes, for plugins
+ * that cannot run collectives across processes (every CPU plugin): the
+ * embedder plugs in gloo, MPI or its own. Every rank calls each function
+ * in the same order. Each returns 0 on success; on failure it returns
+ * nonzero and writes a NUL-terminated message of at most `error_size`
+ * bytes to `error`. A function that waits on peers must give up after a
+ * timeout of its own and say so: rtpu cannot interrupt it. rtpu calls them
+ * one at a time per communicator, from whichever thread starts a
+ * collective.
+ */
+typedef struct rtpu_host_transport {
+  /**
+   * Set to `RTPU_HOST_TRANSPORT_STRUCT_SIZE`.
+   */
+  size_t struct_size;
+  /**
+   * Passed to every function; must stay valid until `release`.
+   */
+  void *context;
+  /**
+   * `nbytes` bytes of elements of `dtype` (`RTPU_DTYPE_*`) at `data`,
+   * combined in place with `reduce_op` (`RTPU_REDUCE_*`, never AVG).
+   */
+  int32_t (*all_reduce)(void *context, void *data, size_t nbytes, uint32_t dtype, uint32_t reduce_op, char *error, size_t error_size);
+  /**
+   * Every rank's `nbytes` at `input` into `output` (`nbytes` times the
+   * world size), in rank order.
+   */
+  int32_t (*all_gather)(void *context, const void *input, void *output, size_t nbytes, char *error, size_t error_size);
+  /**
+   * `input` (`nbytes`) split into world-size equal pieces, piece `r` to
+   * rank `r`; `output` (`nbytes`) gets this rank's piece of every rank's
+   * input, in rank order.
+   */
+  int32_t (*all_to_all)(void *context, const void *input, void *output, size_t nbytes, char *error, size_t error_size);
+  /**
+   * Rank `root`'s `nbytes` at `data` into every rank's `data`.
+   */
+  int32_t (*broadcast)(void *context, void *data, size_t nbytes, size_t root, char *error, size_t error_size);
+  int32_t (*barrier)(void *context, char *error, size_t error_size);
+  /**
+   * Called once, when rtpu no longer needs `context`; may be NULL.
+   */
+  void (*release)(void *context);
+} rtpu_host_transport;
 
 /**
  * A strided view of a storage, as ATen describes a tensor. Borrowed: rtpu
@@ -775,6 +826,20 @@ struct rtpu_error *rtpu_cache_dir(struct rtpu_bytes **dir_out);
  * `*removed_out`. Executables already loaded stay usable. Thread-safe.
  */
 struct rtpu_error *rtpu_cache_clear(uint64_t *removed_out);
+
+/**
+ * Writes to `*communicator_out` this process's rank `rank` of a group of
+ * `world_size` processes, its tensors on device `device_index` of
+ * `runtime`, its bytes moved by `transport` (copied; its `context` is
+ * released when the communicator is no longer used, also when this call
+ * fails). Each collective stages the rank's tensor through host memory,
+ * and first exchanges what every rank is calling (through
+ * `transport->all_gather`), so ranks that disagree get an error instead of
+ * mixed bytes. `rtpu_collective_start` on it runs the collective before it
+ * returns; `rtpu_work_wait` hands back its result (the timeout is the
+ * transport's own). On success the caller owns the communicator.
+ */
+struct rtpu_error *rtpu_communicator_new_processes(const struct rtpu_runtime *runtime, size_t device_index, size_t rank, size_t world_size, const struct rtpu_host_transport *transport, struct rtpu_communicator **communicator_out);
 
 /**
  * Writes to `*communicator_out` a communicator over `num_devices` distinct

@@ -5,19 +5,28 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rtpu_core::dist::{Collective, Communicator, ReduceOp, Tensor, Work};
+use std::ffi::{c_char, c_void, CStr};
+
+use rtpu_core::dist::{
+    Collective, Communicator, HostTransport, ProcessGroup, ReduceOp, Tensor, Work,
+};
+use rtpu_core::runtime::Buffer;
 use rtpu_core::storage::{Storage, StorageValue};
+use rtpu_core::DType;
 
 use crate::boundary::{check_struct_size, fallible, infallible, non_null, out_ptr, slice};
+use crate::buffer::dtype_to_c;
 use crate::error::{rtpu_error, FfiError};
 use crate::runtime::{rtpu_runtime, runtime_ref};
 use crate::storage::{rtpu_storage, rtpu_tensor_ref, storage_into_raw, tensor_view};
 
-/// Devices of one runtime that run collectives together: rank `r` is the
-/// `r`-th device given to `rtpu_communicator_new_local`. Owned by the
-/// caller (`rtpu_communicator_destroy`); works started on it keep what they
-/// need, so it may be destroyed before they finish. Thread-safe: each rank
-/// usually calls from its own thread.
+/// Ranks that run collectives together: devices of one runtime
+/// (`rtpu_communicator_new_local`, rank `r` on the `r`-th device given), or
+/// one rank of a group of processes (`rtpu_communicator_new_processes`).
+/// Owned by the caller (`rtpu_communicator_destroy`); works started on it
+/// keep what they need, so it may be destroyed before they finish.
+/// Thread-safe: the ranks of a local communicator usually call from one
+/// thread each.
 pub struct rtpu_communicator {
     _private: [u8; 0],
 }
@@ -27,6 +36,18 @@ pub struct rtpu_communicator {
 /// one thread at a time.
 pub struct rtpu_work {
     _private: [u8; 0],
+}
+
+enum CommunicatorHandle {
+    Local(Arc<Communicator>),
+    Processes(Arc<ProcessGroup>),
+}
+
+enum WorkHandle {
+    Local(Work),
+    /// A process group's collective ran when it started: its result, until
+    /// waited for, and the device it is on.
+    Finished(Option<rtpu_core::Result<Option<Buffer>>>, usize),
 }
 
 /// Every rank gets the ranks' tensors combined with `reduce_op`.
@@ -72,6 +93,270 @@ pub struct rtpu_collective_args {
 
 pub const RTPU_COLLECTIVE_ARGS_STRUCT_SIZE: usize = 80;
 
+/// How a process communicator moves bytes between processes, for plugins
+/// that cannot run collectives across processes (every CPU plugin): the
+/// embedder plugs in gloo, MPI or its own. Every rank calls each function
+/// in the same order. Each returns 0 on success; on failure it returns
+/// nonzero and writes a NUL-terminated message of at most `error_size`
+/// bytes to `error`. A function that waits on peers must give up after a
+/// timeout of its own and say so: rtpu cannot interrupt it. rtpu calls them
+/// one at a time per communicator, from whichever thread starts a
+/// collective.
+#[repr(C)]
+pub struct rtpu_host_transport {
+    /// Set to `RTPU_HOST_TRANSPORT_STRUCT_SIZE`.
+    pub struct_size: usize,
+    /// Passed to every function; must stay valid until `release`.
+    pub context: *mut c_void,
+    /// `nbytes` bytes of elements of `dtype` (`RTPU_DTYPE_*`) at `data`,
+    /// combined in place with `reduce_op` (`RTPU_REDUCE_*`, never AVG).
+    pub all_reduce: Option<
+        unsafe extern "C" fn(
+            context: *mut c_void,
+            data: *mut c_void,
+            nbytes: usize,
+            dtype: u32,
+            reduce_op: u32,
+            error: *mut c_char,
+            error_size: usize,
+        ) -> i32,
+    >,
+    /// Every rank's `nbytes` at `input` into `output` (`nbytes` times the
+    /// world size), in rank order.
+    pub all_gather: Option<
+        unsafe extern "C" fn(
+            context: *mut c_void,
+            input: *const c_void,
+            output: *mut c_void,
+            nbytes: usize,
+            error: *mut c_char,
+            error_size: usize,
+        ) -> i32,
+    >,
+    /// `input` (`nbytes`) split into world-size equal pieces, piece `r` to
+    /// rank `r`; `output` (`nbytes`) gets this rank's piece of every rank's
+    /// input, in rank order.
+    pub all_to_all: Option<
+        unsafe extern "C" fn(
+            context: *mut c_void,
+            input: *const c_void,
+            output: *mut c_void,
+            nbytes: usize,
+            error: *mut c_char,
+            error_size: usize,
+        ) -> i32,
+    >,
+    /// Rank `root`'s `nbytes` at `data` into every rank's `data`.
+    pub broadcast: Option<
+        unsafe extern "C" fn(
+            context: *mut c_void,
+            data: *mut c_void,
+            nbytes: usize,
+            root: usize,
+            error: *mut c_char,
+            error_size: usize,
+        ) -> i32,
+    >,
+    pub barrier: Option<
+        unsafe extern "C" fn(context: *mut c_void, error: *mut c_char, error_size: usize) -> i32,
+    >,
+    /// Called once, when rtpu no longer needs `context`; may be NULL.
+    pub release: Option<unsafe extern "C" fn(context: *mut c_void)>,
+}
+
+pub const RTPU_HOST_TRANSPORT_STRUCT_SIZE: usize = 64;
+
+/// An embedder's transport, called through its C functions.
+struct CTransport {
+    context: *mut c_void,
+    table: rtpu_host_transport,
+}
+
+// SAFETY: the transport's documentation requires its functions to accept
+// calls from any thread, one at a time per communicator (ProcessGroup holds
+// a lock across each collective).
+unsafe impl Send for CTransport {}
+// SAFETY: as above.
+unsafe impl Sync for CTransport {}
+
+/// Calls one transport function with an error buffer, turning a nonzero
+/// return into its message.
+fn call_transport(name: &str, f: impl FnOnce(*mut c_char, usize) -> i32) -> Result<(), String> {
+    let mut error = [0u8; 512];
+    let status = f(error.as_mut_ptr().cast(), error.len() - 1);
+    if status == 0 {
+        return Ok(());
+    }
+    let message = CStr::from_bytes_until_nul(&error)
+        .map(|m| m.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Err(format!(
+        "the host transport's {name} failed ({status}): {message}"
+    ))
+}
+
+impl HostTransport for CTransport {
+    fn all_reduce(&self, data: &mut [u8], dtype: DType, op: ReduceOp) -> Result<(), String> {
+        let f = self
+            .table
+            .all_reduce
+            .ok_or("the host transport has no all_reduce")?;
+        let dtype =
+            dtype_to_c(dtype).map_err(|_| format!("dtype {dtype} has no RTPU_DTYPE_* code"))?;
+        let op = match op {
+            ReduceOp::Sum | ReduceOp::Avg => RTPU_REDUCE_SUM,
+            ReduceOp::Min => RTPU_REDUCE_MIN,
+            ReduceOp::Max => RTPU_REDUCE_MAX,
+            ReduceOp::Prod => RTPU_REDUCE_PROD,
+        };
+        call_transport("all_reduce", |error, size| {
+            // SAFETY: `data` is writable for its length during the call; the
+            // embedder's function follows the documented contract.
+            unsafe {
+                f(
+                    self.context,
+                    data.as_mut_ptr().cast(),
+                    data.len(),
+                    dtype,
+                    op,
+                    error,
+                    size,
+                )
+            }
+        })
+    }
+
+    fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<(), String> {
+        let f = self
+            .table
+            .all_gather
+            .ok_or("the host transport has no all_gather")?;
+        call_transport("all_gather", |error, size| {
+            // SAFETY: `input` is readable and `output` writable for their
+            // lengths (world size times the input's) during the call.
+            unsafe {
+                f(
+                    self.context,
+                    input.as_ptr().cast(),
+                    output.as_mut_ptr().cast(),
+                    input.len(),
+                    error,
+                    size,
+                )
+            }
+        })
+    }
+
+    fn all_to_all(&self, input: &[u8], output: &mut [u8]) -> Result<(), String> {
+        let f = self
+            .table
+            .all_to_all
+            .ok_or("the host transport has no all_to_all")?;
+        call_transport("all_to_all", |error, size| {
+            // SAFETY: both slices hold `input.len()` bytes during the call.
+            unsafe {
+                f(
+                    self.context,
+                    input.as_ptr().cast(),
+                    output.as_mut_ptr().cast(),
+                    input.len(),
+                    error,
+                    size,
+                )
+            }
+        })
+    }
+
+    fn broadcast(&self, data: &mut [u8], root: usize) -> Result<(), String> {
+        let f = self
+            .table
+            .broadcast
+            .ok_or("the host transport has no broadcast")?;
+        call_transport("broadcast", |error, size| {
+            // SAFETY: `data` is writable for its length during the call.
+            unsafe {
+                f(
+                    self.context,
+                    data.as_mut_ptr().cast(),
+                    data.len(),
+                    root,
+                    error,
+                    size,
+                )
+            }
+        })
+    }
+
+    fn barrier(&self) -> Result<(), String> {
+        let f = self
+            .table
+            .barrier
+            .ok_or("the host transport has no barrier")?;
+        // SAFETY: the embedder's function follows the documented contract.
+        call_transport("barrier", |error, size| unsafe {
+            f(self.context, error, size)
+        })
+    }
+}
+
+impl Drop for CTransport {
+    fn drop(&mut self) {
+        if let Some(release) = self.table.release {
+            // SAFETY: called once, as documented; rtpu uses `context` no more.
+            unsafe { release(self.context) };
+        }
+    }
+}
+
+/// Writes to `*communicator_out` this process's rank `rank` of a group of
+/// `world_size` processes, its tensors on device `device_index` of
+/// `runtime`, its bytes moved by `transport` (copied; its `context` is
+/// released when the communicator is no longer used, also when this call
+/// fails). Each collective stages the rank's tensor through host memory,
+/// and first exchanges what every rank is calling (through
+/// `transport->all_gather`), so ranks that disagree get an error instead of
+/// mixed bytes. `rtpu_collective_start` on it runs the collective before it
+/// returns; `rtpu_work_wait` hands back its result (the timeout is the
+/// transport's own). On success the caller owns the communicator.
+#[no_mangle]
+pub extern "C" fn rtpu_communicator_new_processes(
+    runtime: *const rtpu_runtime,
+    device_index: usize,
+    rank: usize,
+    world_size: usize,
+    transport: *const rtpu_host_transport,
+    communicator_out: *mut *mut rtpu_communicator,
+) -> *mut rtpu_error {
+    fallible("rtpu_communicator_new_processes", || {
+        // SAFETY: a non-NULL transport points to a table per the docs.
+        let table = unsafe { non_null(transport, "transport") }?;
+        check_struct_size(
+            "rtpu_host_transport",
+            table.struct_size,
+            RTPU_HOST_TRANSPORT_STRUCT_SIZE,
+        )?;
+        // From here on the context is ours to release, whatever happens.
+        let transport = CTransport {
+            context: table.context,
+            table: rtpu_host_transport { ..*table },
+        };
+        // SAFETY: a non-NULL handle is live per the docs.
+        let runtime = unsafe { runtime_ref(runtime) }?;
+        let out = out_ptr(communicator_out, "communicator_out")?;
+        let group = ProcessGroup::new(
+            &runtime.client,
+            device_index,
+            rank,
+            world_size,
+            Box::new(transport),
+        )?;
+        let comm = CommunicatorHandle::Processes(group);
+        // SAFETY: checked non-NULL; written only on success.
+        unsafe { out.write(Box::into_raw(Box::new(comm)).cast()) };
+        Ok(())
+    })
+}
+
 /// Writes to `*communicator_out` a communicator over `num_devices` distinct
 /// device indices of `runtime` (`devices`, borrowed), rank `r` on
 /// `devices[r]`. On success the caller owns it.
@@ -88,7 +373,7 @@ pub extern "C" fn rtpu_communicator_new_local(
         // SAFETY: documented as `num_devices` indices.
         let devices = unsafe { slice(devices, num_devices, "devices") }?;
         let out = out_ptr(communicator_out, "communicator_out")?;
-        let comm = Communicator::local(&runtime.client, devices)?;
+        let comm = CommunicatorHandle::Local(Communicator::local(&runtime.client, devices)?);
         // SAFETY: checked non-NULL; written only on success.
         unsafe { out.write(Box::into_raw(Box::new(comm)).cast()) };
         Ok(())
@@ -100,7 +385,10 @@ pub extern "C" fn rtpu_communicator_new_local(
 pub extern "C" fn rtpu_communicator_size(communicator: *const rtpu_communicator) -> usize {
     infallible(0, || {
         // SAFETY: a non-NULL handle is live per the docs.
-        unsafe { communicator_ref(communicator) }.map_or(0, |c| c.size())
+        unsafe { communicator_ref(communicator) }.map_or(0, |c| match c {
+            CommunicatorHandle::Local(c) => c.size(),
+            CommunicatorHandle::Processes(g) => g.size(),
+        })
     })
 }
 
@@ -109,8 +397,8 @@ pub extern "C" fn rtpu_communicator_size(communicator: *const rtpu_communicator)
 pub extern "C" fn rtpu_communicator_destroy(communicator: *mut rtpu_communicator) {
     infallible((), || {
         if !communicator.is_null() {
-            // SAFETY: came from `rtpu_communicator_new_local`; destroyed once.
-            drop(unsafe { Box::from_raw(communicator.cast::<Arc<Communicator>>()) });
+            // SAFETY: came from an `rtpu_communicator_new_*`; destroyed once.
+            drop(unsafe { Box::from_raw(communicator.cast::<CommunicatorHandle>()) });
         }
     })
 }
@@ -119,9 +407,9 @@ pub extern "C" fn rtpu_communicator_destroy(communicator: *mut rtpu_communicator
 /// A non-NULL `communicator` must be a live handle.
 unsafe fn communicator_ref<'a>(
     communicator: *const rtpu_communicator,
-) -> Result<&'a Arc<Communicator>, FfiError> {
+) -> Result<&'a CommunicatorHandle, FfiError> {
     // SAFETY: guaranteed by the caller.
-    unsafe { non_null(communicator.cast::<Arc<Communicator>>(), "communicator") }
+    unsafe { non_null(communicator.cast::<CommunicatorHandle>(), "communicator") }
 }
 
 /// Starts rank `args->rank`'s part of its next collective and writes to
@@ -155,7 +443,21 @@ pub extern "C" fn rtpu_collective_start(
             // SAFETY: the ref's pointers are valid per the docs.
             _ => Some(unsafe { dense_tensor(&args.input) }?),
         };
-        let work = comm.submit(args.rank, collective, tensor)?;
+        let work = match comm {
+            CommunicatorHandle::Local(comm) => {
+                WorkHandle::Local(comm.submit(args.rank, collective, tensor)?)
+            }
+            CommunicatorHandle::Processes(group) => {
+                if args.rank != group.rank() {
+                    return Err(FfiError::invalid(format!(
+                        "args.rank is {}, but this process is rank {} of its group",
+                        args.rank,
+                        group.rank()
+                    )));
+                }
+                WorkHandle::Finished(Some(group.run(collective, tensor)), group.device())
+            }
+        };
         // SAFETY: checked non-NULL; written only on success.
         unsafe { out.write(Box::into_raw(Box::new(work)).cast()) };
         Ok(())
@@ -239,12 +541,25 @@ pub extern "C" fn rtpu_work_wait(
 ) -> *mut rtpu_error {
     fallible("rtpu_work_wait", || {
         // SAFETY: a non-NULL handle is live and used by one thread per the docs.
-        let work = unsafe { work.cast::<Work>().as_mut() }.ok_or_else(|| FfiError::null("work"))?;
-        let result = work.wait(Duration::from_millis(timeout_ms))?;
+        let work =
+            unsafe { work.cast::<WorkHandle>().as_mut() }.ok_or_else(|| FfiError::null("work"))?;
+        let (result, device) = match work {
+            WorkHandle::Local(work) => (
+                work.wait(Duration::from_millis(timeout_ms))?,
+                work.device_index(),
+            ),
+            WorkHandle::Finished(result, device) => match result.take() {
+                Some(result) => (result?, *device),
+                None => {
+                    return Err(FfiError::invalid(
+                        "work: a work not waited for yet, got one already waited for".to_string(),
+                    ))
+                }
+            },
+        };
         let storage = match result {
             Some(buffer) => {
                 let dtype = buffer.dtype()?;
-                let device = work.device_index();
                 let storage = Storage::from_buffer(&buffer.client(), device, buffer, dtype)?;
                 storage_into_raw(storage)
             }
@@ -270,7 +585,7 @@ pub extern "C" fn rtpu_work_destroy(work: *mut rtpu_work) {
     infallible((), || {
         if !work.is_null() {
             // SAFETY: came from `rtpu_collective_start`; destroyed once.
-            drop(unsafe { Box::from_raw(work.cast::<Work>()) });
+            drop(unsafe { Box::from_raw(work.cast::<WorkHandle>()) });
         }
     })
 }

@@ -117,5 +117,9 @@ mod tests {
             collective::RTPU_COLLECTIVE_ARGS_STRUCT_SIZE,
             size_of::<collective::rtpu_collective_args>()
         );
+        assert_eq!(
+            collective::RTPU_HOST_TRANSPORT_STRUCT_SIZE,
+            size_of::<collective::rtpu_host_transport>()
+        );
     }
 }

@@ -177,6 +177,13 @@ fn collectives_from_four_threads() {
 }
 
 #[test]
+fn collectives_across_two_processes() {
+    let exe = out_dir().join("processes");
+    compile("cc", "-std=c11", "tests/c/processes.c", &exe, &[]);
+    run(&exe, &[]);
+}
+
+#[test]
 fn header_compiles_as_cpp17() {
     let exe = out_dir().join("header_compiles");
     compile(

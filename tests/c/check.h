@@ -19,6 +19,7 @@ _Static_assert(RTPU_EXECUTE_ARGS_STRUCT_SIZE == sizeof(rtpu_execute_args), "exec
 _Static_assert(RTPU_OP_OUTPUT_STRUCT_SIZE == sizeof(rtpu_op_output), "op_output");
 _Static_assert(RTPU_CACHE_INFO_STRUCT_SIZE == sizeof(rtpu_cache_info), "cache_info");
 _Static_assert(RTPU_COLLECTIVE_ARGS_STRUCT_SIZE == sizeof(rtpu_collective_args), "collective_args");
+_Static_assert(RTPU_HOST_TRANSPORT_STRUCT_SIZE == sizeof(rtpu_host_transport), "host_transport");
 
 #define CHECK(cond)                                                          \
   do {                                                                       \

@@ -9,8 +9,14 @@
 //! collective, dtype or shape) all get the same error naming each rank's
 //! call; a rank that does not come within a waiter's timeout fails the
 //! collective for every rank. Nothing aborts and nothing waits for ever.
+//!
+//! Across processes, a `ProcessGroup` stages each collective through host
+//! memory over an embedder's `HostTransport` (`process.rs`).
 
+mod process;
 mod program;
+
+pub use process::{HostTransport, ProcessGroup};
 
 use std::collections::HashMap;
 use std::fmt;
