@@ -36,6 +36,8 @@ def _initialize() -> None:
         from . import tpu
 
         torch._register_device_module(_BACKEND, tpu)
+        # As on TPUs with torch_xla and JAX: autocast means bfloat16.
+        torch.set_autocast_dtype(_BACKEND, torch.bfloat16)
     if not hasattr(torch.Tensor, "is_" + _BACKEND):
         torch.utils.generate_methods_for_privateuse1_backend(
             for_tensor=True, for_module=True, for_storage=True

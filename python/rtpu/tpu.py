@@ -13,6 +13,7 @@ __all__ = [
     "current_device",
     "default_generator",
     "empty_cache",
+    "get_amp_supported_dtype",
     "get_execution_mode",
     "get_rng_state",
     "get_rng_state_all",
@@ -55,6 +56,12 @@ def _index(device: Any = None) -> int:
 def is_available() -> bool:
     """Whether the plugin loads and has at least one device."""
     return device_count() > 0
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    """The dtypes `torch.autocast("tpu", dtype=...)` accepts: bfloat16, the
+    TPU's own, and float16 (XLA runs it on every plugin)."""
+    return [torch.bfloat16, torch.float16]
 
 
 def is_initialized() -> bool:
