@@ -25,6 +25,7 @@ pub(crate) mod index;
 mod linalg;
 mod loss;
 mod normalization;
+mod optim;
 mod padding;
 mod pool;
 mod random;
@@ -74,6 +75,7 @@ pub fn table() -> &'static [OpDef] {
             pool::ops,
             resample::ops,
             foreach::ops,
+            optim::ops,
         ]
         .into_iter()
         .flat_map(|family| family())
