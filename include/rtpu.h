@@ -434,6 +434,12 @@ typedef struct rtpu_cache_info {
 } rtpu_cache_info;
 
 /**
+ * A transport function that sends `nbytes` from `input` and receives into
+ * `output` (see `rtpu_host_transport`); NULL when the transport has none.
+ */
+typedef int32_t (*rtpu_host_transport_exchange)(void *context, const void *input, void *output, size_t nbytes, char *error, size_t error_size);
+
+/**
  * How a process communicator moves bytes between processes, for plugins
  * that cannot run collectives across processes (every CPU plugin): the
  * embedder plugs in gloo, MPI or its own. Every rank calls each function
@@ -462,13 +468,13 @@ typedef struct rtpu_host_transport {
    * Every rank's `nbytes` at `input` into `output` (`nbytes` times the
    * world size), in rank order.
    */
-  int32_t (*all_gather)(void *context, const void *input, void *output, size_t nbytes, char *error, size_t error_size);
+  rtpu_host_transport_exchange all_gather;
   /**
    * `input` (`nbytes`) split into world-size equal pieces, piece `r` to
    * rank `r`; `output` (`nbytes`) gets this rank's piece of every rank's
    * input, in rank order.
    */
-  int32_t (*all_to_all)(void *context, const void *input, void *output, size_t nbytes, char *error, size_t error_size);
+  rtpu_host_transport_exchange all_to_all;
   /**
    * Rank `root`'s `nbytes` at `data` into every rank's `data`.
    */

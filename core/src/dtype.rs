@@ -5,6 +5,15 @@ use std::str::FromStr;
 
 use crate::error::Error;
 
+/// Kinds of dtypes, lowest first as type promotion ranks them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Category {
+    Bool,
+    Integer,
+    Float,
+    Complex,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DType {
@@ -43,6 +52,23 @@ impl DType {
         DType::C64,
         DType::C128,
     ];
+
+    /// The dtype's kind, as PyTorch's type promotion ranks kinds.
+    pub fn category(self) -> Category {
+        match self {
+            DType::Bool => Category::Bool,
+            DType::I8
+            | DType::I16
+            | DType::I32
+            | DType::I64
+            | DType::U8
+            | DType::U16
+            | DType::U32
+            | DType::U64 => Category::Integer,
+            DType::F16 | DType::BF16 | DType::F32 | DType::F64 => Category::Float,
+            DType::C64 | DType::C128 => Category::Complex,
+        }
+    }
 
     /// Bytes per element in the dense host layout (`bool` is one byte, as in PyTorch).
     pub fn size_in_bytes(self) -> usize {

@@ -164,6 +164,29 @@ fn combiner_region(op: ReduceOp, dtype: DType) -> String {
     )
 }
 
+/// A collective that combines its operands with `reduce` (a region), with
+/// `attrs` (ending in ", " when given) before its replica groups.
+#[allow(clippy::too_many_arguments)]
+fn reducing_collective(
+    out: &mut String,
+    graph: &Graph,
+    id: usize,
+    name: &str,
+    operand: usize,
+    reduce: ReduceOp,
+    groups: &[Vec<i64>],
+    attrs: &str,
+    ty: &TensorType,
+) {
+    let region = combiner_region(reduce, ty.dtype);
+    let _ = writeln!(
+        out,
+        "    %v{id} = \"stablehlo.{name}\"(%v{operand}) ({region}) {{{attrs}replica_groups = {}}} : ({}) -> {ty}",
+        replica_groups(groups),
+        graph.ty(operand)
+    );
+}
+
 /// `replica_groups` as a dense attribute: one row per group.
 fn replica_groups(groups: &[Vec<i64>]) -> String {
     let width = groups.first().map_or(0, Vec::len);
@@ -314,30 +337,23 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
             operand,
             op: reduce,
             groups,
-        } => {
-            let region = combiner_region(*reduce, ty.dtype);
-            let groups = replica_groups(groups);
-            let _ = writeln!(
-                out,
-                "    %v{id} = \"stablehlo.all_reduce\"(%v{operand}) ({region}) {{replica_groups = {groups}}} : ({}) -> {ty}",
-                graph.ty(*operand)
-            );
-        }
+        } => reducing_collective(out, graph, id, "all_reduce", *operand, *reduce, groups, "", ty),
         Node::ReduceScatter {
             operand,
             op: reduce,
             dim,
             groups,
-        } => {
-            let region = combiner_region(*reduce, ty.dtype);
-            let groups = replica_groups(groups);
-            let _ = writeln!(
-                out,
-                "    %v{id} = \"stablehlo.reduce_scatter\"(%v{operand}) ({region}) \
-                 {{scatter_dimension = {dim} : i64, replica_groups = {groups}}} : ({}) -> {ty}",
-                graph.ty(*operand)
-            );
-        }
+        } => reducing_collective(
+            out,
+            graph,
+            id,
+            "reduce_scatter",
+            *operand,
+            *reduce,
+            groups,
+            &format!("scatter_dimension = {dim} : i64, "),
+            ty,
+        ),
         Node::AllGather {
             operand,
             dim,

@@ -93,6 +93,19 @@ pub struct rtpu_collective_args {
 
 pub const RTPU_COLLECTIVE_ARGS_STRUCT_SIZE: usize = 80;
 
+/// A transport function that sends `nbytes` from `input` and receives into
+/// `output` (see `rtpu_host_transport`); NULL when the transport has none.
+pub type rtpu_host_transport_exchange = Option<
+    unsafe extern "C" fn(
+        context: *mut c_void,
+        input: *const c_void,
+        output: *mut c_void,
+        nbytes: usize,
+        error: *mut c_char,
+        error_size: usize,
+    ) -> i32,
+>;
+
 /// How a process communicator moves bytes between processes, for plugins
 /// that cannot run collectives across processes (every CPU plugin): the
 /// embedder plugs in gloo, MPI or its own. Every rank calls each function
@@ -123,29 +136,11 @@ pub struct rtpu_host_transport {
     >,
     /// Every rank's `nbytes` at `input` into `output` (`nbytes` times the
     /// world size), in rank order.
-    pub all_gather: Option<
-        unsafe extern "C" fn(
-            context: *mut c_void,
-            input: *const c_void,
-            output: *mut c_void,
-            nbytes: usize,
-            error: *mut c_char,
-            error_size: usize,
-        ) -> i32,
-    >,
+    pub all_gather: rtpu_host_transport_exchange,
     /// `input` (`nbytes`) split into world-size equal pieces, piece `r` to
     /// rank `r`; `output` (`nbytes`) gets this rank's piece of every rank's
     /// input, in rank order.
-    pub all_to_all: Option<
-        unsafe extern "C" fn(
-            context: *mut c_void,
-            input: *const c_void,
-            output: *mut c_void,
-            nbytes: usize,
-            error: *mut c_char,
-            error_size: usize,
-        ) -> i32,
-    >,
+    pub all_to_all: rtpu_host_transport_exchange,
     /// Rank `root`'s `nbytes` at `data` into every rank's `data`.
     pub broadcast: Option<
         unsafe extern "C" fn(
@@ -195,6 +190,32 @@ fn call_transport(name: &str, f: impl FnOnce(*mut c_char, usize) -> i32) -> Resu
     ))
 }
 
+impl CTransport {
+    fn exchange(
+        &self,
+        name: &str,
+        f: rtpu_host_transport_exchange,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<(), String> {
+        let f = f.ok_or_else(|| format!("the host transport has no {name}"))?;
+        call_transport(name, |error, size| {
+            // SAFETY: `input` is readable and `output` writable for the
+            // lengths the function's contract gives, during the call.
+            unsafe {
+                f(
+                    self.context,
+                    input.as_ptr().cast(),
+                    output.as_mut_ptr().cast(),
+                    input.len(),
+                    error,
+                    size,
+                )
+            }
+        })
+    }
+}
+
 impl HostTransport for CTransport {
     fn all_reduce(&self, data: &mut [u8], dtype: DType, op: ReduceOp) -> Result<(), String> {
         let f = self
@@ -227,44 +248,11 @@ impl HostTransport for CTransport {
     }
 
     fn all_gather(&self, input: &[u8], output: &mut [u8]) -> Result<(), String> {
-        let f = self
-            .table
-            .all_gather
-            .ok_or("the host transport has no all_gather")?;
-        call_transport("all_gather", |error, size| {
-            // SAFETY: `input` is readable and `output` writable for their
-            // lengths (world size times the input's) during the call.
-            unsafe {
-                f(
-                    self.context,
-                    input.as_ptr().cast(),
-                    output.as_mut_ptr().cast(),
-                    input.len(),
-                    error,
-                    size,
-                )
-            }
-        })
+        self.exchange("all_gather", self.table.all_gather, input, output)
     }
 
     fn all_to_all(&self, input: &[u8], output: &mut [u8]) -> Result<(), String> {
-        let f = self
-            .table
-            .all_to_all
-            .ok_or("the host transport has no all_to_all")?;
-        call_transport("all_to_all", |error, size| {
-            // SAFETY: both slices hold `input.len()` bytes during the call.
-            unsafe {
-                f(
-                    self.context,
-                    input.as_ptr().cast(),
-                    output.as_mut_ptr().cast(),
-                    input.len(),
-                    error,
-                    size,
-                )
-            }
-        })
+        self.exchange("all_to_all", self.table.all_to_all, input, output)
     }
 
     fn broadcast(&self, data: &mut [u8], root: usize) -> Result<(), String> {

@@ -31,6 +31,15 @@ def mlp():
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
 
 
+def twin_mlps():
+    """The same fresh MLP on the CPU and on tpu."""
+    torch.manual_seed(torch.seed())
+    model_cpu = mlp()
+    model = mlp()
+    model.load_state_dict(model_cpu.state_dict())
+    return model_cpu, model.to(DEVICE)
+
+
 def train(model, optimizer, device, steps, step_mode):
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
@@ -49,11 +58,7 @@ def train(model, optimizer, device, steps, step_mode):
 @pytest.mark.parametrize("step_mode", [False, True], ids=["eager", "step"])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_a_fused_optimizer_runs_natively_with_the_cpus_weights(name, step_mode):
-    torch.manual_seed(torch.seed())
-    model_cpu = mlp()
-    model = mlp()
-    model.load_state_dict(model_cpu.state_dict())
-    model.to(DEVICE)
+    model_cpu, model = twin_mlps()
     fallbacks = dict(rtpu.metrics()["cpu_fallbacks"])
     train(model_cpu, OPTIMIZERS[name](model_cpu.parameters()), "cpu", 5, False)
     train(model, OPTIMIZERS[name](model.parameters()), DEVICE, 5, step_mode)
@@ -63,11 +68,7 @@ def test_a_fused_optimizer_runs_natively_with_the_cpus_weights(name, step_mode):
 
 
 def test_grad_scaler_with_a_fused_optimizer_runs_natively_and_skips_inf_steps():
-    torch.manual_seed(torch.seed())
-    model_cpu = mlp()
-    model = mlp()
-    model.load_state_dict(model_cpu.state_dict())
-    model.to(DEVICE)
+    model_cpu, model = twin_mlps()
     fallbacks = dict(rtpu.metrics()["cpu_fallbacks"])
     results = {}
     for device, m in (("cpu", model_cpu), (DEVICE, model)):

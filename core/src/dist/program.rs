@@ -2,7 +2,7 @@
 //! lowered to StableHLO like any op's graph.
 
 use super::{Collective, ReduceOp};
-use crate::dtype::DType;
+use crate::dtype::{Category, DType};
 use crate::error::Result;
 use crate::ir::{self, BinaryOp, CompareDir, Graph, Literal, Node, TensorType, ValueId};
 use crate::lower::lower;
@@ -16,18 +16,8 @@ pub(super) fn check_supported(
     dims: &[i64],
     size: usize,
 ) -> std::result::Result<(), String> {
-    let float = matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
-    let integer = matches!(
-        dtype,
-        DType::I8
-            | DType::I16
-            | DType::I32
-            | DType::I64
-            | DType::U8
-            | DType::U16
-            | DType::U32
-            | DType::U64
-    );
+    let float = dtype.category() == Category::Float;
+    let integer = dtype.category() == Category::Integer;
     let reduces = matches!(
         collective,
         Collective::AllReduce(_) | Collective::ReduceScatter(_) | Collective::Broadcast { .. }

@@ -40,7 +40,7 @@ mod unary;
 use std::sync::OnceLock;
 
 use crate::builder::{Arg, Builder};
-use crate::dtype::DType;
+use crate::dtype::{Category, DType};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
 
@@ -110,28 +110,12 @@ pub(crate) enum Form {
 
 // ----- dtype promotion (ATen's c10::promoteTypes and at::result_type) -----
 
-fn category(dtype: DType) -> u8 {
-    match dtype {
-        DType::Bool => 0,
-        DType::I8
-        | DType::I16
-        | DType::I32
-        | DType::I64
-        | DType::U8
-        | DType::U16
-        | DType::U32
-        | DType::U64 => 1,
-        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => 2,
-        DType::C64 | DType::C128 => 3,
-    }
-}
-
 pub(crate) fn is_float(dtype: DType) -> bool {
-    category(dtype) == 2
+    dtype.category() == Category::Float
 }
 
 pub(crate) fn is_integral(dtype: DType, include_bool: bool) -> bool {
-    category(dtype) == 1 || (include_bool && dtype == DType::Bool)
+    dtype.category() == Category::Integer || (include_bool && dtype == DType::Bool)
 }
 
 /// `torch.promote_types`.
@@ -140,17 +124,17 @@ pub(crate) fn promote_types(a: DType, b: DType) -> DType {
     if a == b {
         return a;
     }
-    let (ca, cb) = (category(a), category(b));
+    let (ca, cb) = (a.category(), b.category());
     if ca != cb {
         let (hi, lo) = if ca > cb { (a, b) } else { (b, a) };
         // A complex wins but widens to hold a double.
-        if category(hi) == 3 && lo == F64 {
+        if hi.category() == Category::Complex && lo == F64 {
             return C128;
         }
         return hi;
     }
     match ca {
-        1 => {
+        Category::Integer => {
             let signed = |d: DType| matches!(d, I8 | I16 | I32 | I64);
             let bits = |d: DType| d.size_in_bytes();
             match (signed(a), signed(b)) {
@@ -177,7 +161,7 @@ pub(crate) fn promote_types(a: DType, b: DType) -> DType {
                 }
             }
         }
-        2 => match (a, b) {
+        Category::Float => match (a, b) {
             (F16, BF16) | (BF16, F16) => F32,
             _ => {
                 if a.size_in_bytes() >= b.size_in_bytes() {
@@ -187,15 +171,15 @@ pub(crate) fn promote_types(a: DType, b: DType) -> DType {
                 }
             }
         },
-        3 => C128,
-        _ => Bool,
+        Category::Complex => C128,
+        Category::Bool => Bool,
     }
 }
 
 /// `c10::canCast`: may a value of `from` be written into a tensor of `to`?
 pub(crate) fn can_cast(from: DType, to: DType) -> bool {
-    !(category(from) == 3 && category(to) != 3
-        || category(from) == 2 && category(to) < 2
+    !(from.category() == Category::Complex && to.category() != Category::Complex
+        || from.category() == Category::Float && to.category() < Category::Float
         || from != DType::Bool && to == DType::Bool)
 }
 
@@ -237,9 +221,9 @@ fn combine_categories(higher: Option<DType>, lower: Option<DType>) -> Option<DTy
         (h, None) => return h,
         (Some(h), Some(l)) => (h, l),
     };
-    Some(if category(h) == 3 {
+    Some(if h.category() == Category::Complex {
         h
-    } else if category(l) == 3 {
+    } else if l.category() == Category::Complex {
         if is_float(h) {
             if h == DType::F64 {
                 DType::C128
