@@ -1,0 +1,48 @@
+//! Op calls the fuzzer (`scripts/fuzz op_call`) found panicking inside a
+//! lowering (index out of range, arithmetic overflow, division by zero):
+//! through the C ABI a PANIC error, in debug builds an abort. Each is now
+//! refused up front with INVALID_ARGUMENT naming what was wrong.
+
+mod common;
+
+use rtpu_core::engine::{self, Arg, TensorArg};
+use rtpu_core::storage::{Storage, View};
+use rtpu_core::{DType, ErrorCode};
+
+/// A float32 tensor of `sizes`, all zeros.
+fn zeros(sizes: &[i64]) -> Arg {
+    let numel: i64 = sizes.iter().product();
+    let storage = Storage::new(common::cpu_client(), 0, numel as usize * 4).unwrap();
+    Arg::Tensor(TensorArg {
+        storage,
+        view: View::contiguous(sizes, DType::F32),
+    })
+}
+
+/// Asserts `name` refuses `args` with INVALID_ARGUMENT mentioning `needle`.
+fn refused(name: &str, args: &[Arg], needle: &str) {
+    let op = engine::find_op(name).unwrap_or_else(|| panic!("{name} is not in the op table"));
+    match engine::call(common::cpu_client(), op, args) {
+        Ok(_) => panic!("{name} accepted {} arguments it should refuse", args.len()),
+        Err(err) => {
+            assert_eq!(err.code(), ErrorCode::InvalidArgument, "{name}: {err}");
+            assert!(err.to_string().contains(needle), "{name}: {err}");
+        }
+    }
+}
+
+#[test]
+fn dim_wise_ops_refuse_0_d_tensors() {
+    // wrap_dim accepts dim 0 of a 0-d tensor; these then indexed its sizes.
+    refused("aten::glu", &[zeros(&[]), Arg::Int(0)], "at least 1 dimension");
+    refused(
+        "aten::glu_backward",
+        &[zeros(&[]), zeros(&[]), Arg::Int(-1)],
+        "at least 1 dimension",
+    );
+    refused(
+        "aten::linalg_cross",
+        &[zeros(&[]), zeros(&[]), Arg::Int(0)],
+        "at least 1 dimension",
+    );
+}
