@@ -46,3 +46,26 @@ fn dim_wise_ops_refuse_0_d_tensors() {
         "at least 1 dimension",
     );
 }
+
+#[test]
+fn batch_norm_backward_refuses_inputs_without_channels() {
+    let mask = Arg::IntList(vec![1, 1, 1]);
+    for sizes in [&[][..], &[3][..]] {
+        refused(
+            "aten::native_batch_norm_backward",
+            &[
+                zeros(sizes),
+                zeros(sizes),
+                Arg::None,
+                Arg::None,
+                Arg::None,
+                Arg::None,
+                Arg::None,
+                Arg::Bool(true),
+                Arg::Float(1e-5),
+                mask.clone(),
+            ],
+            "at least 2 dimensions",
+        );
+    }
+}
