@@ -69,3 +69,47 @@ fn batch_norm_backward_refuses_inputs_without_channels() {
         );
     }
 }
+
+#[test]
+fn pooling_backwards_and_col2im_refuse_non_images() {
+    let pair = |v: i64| Arg::IntList(vec![v, v]);
+    refused(
+        "aten::max_pool2d_with_indices_backward",
+        &[
+            zeros(&[2]),
+            zeros(&[2]),
+            pair(1),
+            pair(1),
+            pair(0),
+            pair(1),
+            Arg::Bool(false),
+            zeros(&[2]),
+        ],
+        "3-D or 4-D",
+    );
+    refused(
+        "aten::avg_pool2d_backward",
+        &[
+            zeros(&[]),
+            zeros(&[]),
+            pair(1),
+            pair(1),
+            pair(0),
+            Arg::Bool(false),
+            Arg::Bool(true),
+            Arg::None,
+        ],
+        "3-D or 4-D",
+    );
+    // A gradient of another rank than the image it is for.
+    refused(
+        "aten::_adaptive_avg_pool2d_backward",
+        &[zeros(&[2]), zeros(&[1, 2, 2])],
+        "gradient",
+    );
+    refused(
+        "aten::col2im",
+        &[zeros(&[]), pair(2), pair(1), pair(1), pair(0), pair(1)],
+        "2-D or 3-D",
+    );
+}

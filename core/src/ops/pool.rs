@@ -100,6 +100,15 @@ fn check_image(b: &Builder, sizes: &[i64]) -> Result<()> {
     )
 }
 
+/// Errors unless a pooling backward's input (argument 1) is an image and
+/// its gradient (argument 0) has the input's rank.
+fn check_grad_image(b: &Builder, sizes: &[i64]) -> Result<()> {
+    check_image(b, sizes)?;
+    let grad = b.tensor_arg(0)?.view.sizes.len();
+    let expected = format!("a {}-D gradient, as the input", sizes.len());
+    ensure(b, grad == sizes.len(), "grad_output", expected, format!("{grad}-D"))
+}
+
 /// Reads pooling arguments: input at 0, kernel at 1, stride at 2, padding
 /// at 3, dilation at `dilation` (if any), ceil_mode at `ceil`.
 fn pool_geometry(b: &Builder, dilation: Option<usize>, ceil: usize) -> Result<Pool> {
@@ -231,6 +240,7 @@ fn max_pool(b: &mut Builder) -> Result<()> {
 /// dilation, ceil_mode, indices): gradients scatter-added at the indices.
 fn max_pool_backward(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(1)?.view.clone();
+    check_grad_image(b, &view.sizes)?;
     let (planes, h, w) = planes_hw(&view.sizes);
     let gy = b.tensor(0)?;
     let gdims = b.dims(gy);
@@ -325,6 +335,7 @@ fn avg_pool(b: &mut Builder) -> Result<()> {
 fn avg_pool_backward(b: &mut Builder) -> Result<()> {
     // The forward's arguments follow the gradient, one position later.
     let view = b.tensor_arg(1)?.view.clone();
+    check_grad_image(b, &view.sizes)?;
     let (planes, h, w) = planes_hw(&view.sizes);
     let k = pair(b, 2, None)?;
     let s = pair(b, 3, Some(k))?;
@@ -396,6 +407,7 @@ fn adaptive_avg_pool(b: &mut Builder) -> Result<()> {
 /// _adaptive_avg_pool2d_backward(grad, self): P_hᵀ g P_w per plane.
 fn adaptive_avg_pool_backward(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(1)?.view.clone();
+    check_grad_image(b, &view.sizes)?;
     let (planes, h, w) = planes_hw(&view.sizes);
     let gy = b.tensor(0)?;
     let gd = b.dims(gy);
@@ -458,6 +470,8 @@ fn im2col(b: &mut Builder) -> Result<()> {
 /// (nn.Fold): columns summed back into their blocks' positions.
 fn col2im(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
+    let got = format!("{:?}", view.sizes);
+    ensure(b, (2..=3).contains(&view.sizes.len()), "input", "a 2-D or 3-D input", got)?;
     let output_size = pair(b, 1, None)?;
     let batched = view.sizes.len() == 3;
     let (n, ckk) = if batched {
