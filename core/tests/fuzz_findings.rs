@@ -113,3 +113,42 @@ fn pooling_backwards_and_col2im_refuse_non_images() {
         "2-D or 3-D",
     );
 }
+
+#[test]
+fn window_geometry_out_of_range_is_refused() {
+    let pair = |v: i64| Arg::IntList(vec![v, v]);
+    let image = || zeros(&[1, 4, 4]);
+    // A zero stride divided by zero; a huge padding overflowed.
+    for (stride, padding) in [(0, 0), (1, i64::MAX), (i64::MAX, 0)] {
+        refused(
+            "aten::max_pool2d_with_indices",
+            &[image(), pair(2), pair(stride), pair(padding), pair(1), Arg::Bool(true)],
+            "geometry",
+        );
+        refused(
+            "aten::im2col",
+            &[image(), pair(2), pair(1), pair(padding), pair(stride)],
+            "geometry",
+        );
+    }
+    refused(
+        "aten::avg_pool2d_backward",
+        &[
+            zeros(&[1, 2, 2]),
+            image(),
+            pair(2),
+            pair(0),
+            pair(0),
+            Arg::Bool(false),
+            Arg::Bool(true),
+            Arg::None,
+        ],
+        "geometry",
+    );
+    // A zero kernel was a remainder by zero.
+    refused(
+        "aten::col2im",
+        &[zeros(&[4, 4]), pair(4), pair(0), pair(1), pair(0), pair(1)],
+        "kernel_size",
+    );
+}
