@@ -152,3 +152,24 @@ fn window_geometry_out_of_range_is_refused() {
         "kernel_size",
     );
 }
+
+#[test]
+fn bucketize_and_searchsorted_refuse_0_d_sequences() {
+    refused(
+        "aten::bucketize.Tensor",
+        &[zeros(&[3]), zeros(&[]), Arg::Bool(false), Arg::Bool(false)],
+        "boundaries",
+    );
+    refused(
+        "aten::searchsorted.Tensor",
+        &[
+            zeros(&[]),
+            zeros(&[3]),
+            Arg::Bool(false),
+            Arg::Bool(false),
+            Arg::None,
+            Arg::None,
+        ],
+        "sorted_sequence",
+    );
+}
