@@ -34,7 +34,11 @@ fn refused(name: &str, args: &[Arg], needle: &str) {
 #[test]
 fn dim_wise_ops_refuse_0_d_tensors() {
     // wrap_dim accepts dim 0 of a 0-d tensor; these then indexed its sizes.
-    refused("aten::glu", &[zeros(&[]), Arg::Int(0)], "at least 1 dimension");
+    refused(
+        "aten::glu",
+        &[zeros(&[]), Arg::Int(0)],
+        "at least 1 dimension",
+    );
     refused(
         "aten::glu_backward",
         &[zeros(&[]), zeros(&[]), Arg::Int(-1)],
@@ -122,7 +126,14 @@ fn window_geometry_out_of_range_is_refused() {
     for (stride, padding) in [(0, 0), (1, i64::MAX), (i64::MAX, 0)] {
         refused(
             "aten::max_pool2d_with_indices",
-            &[image(), pair(2), pair(stride), pair(padding), pair(1), Arg::Bool(true)],
+            &[
+                image(),
+                pair(2),
+                pair(stride),
+                pair(padding),
+                pair(1),
+                Arg::Bool(true),
+            ],
             "geometry",
         );
         refused(

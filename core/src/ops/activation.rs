@@ -434,7 +434,13 @@ fn glu(b: &mut Builder, pass: Pass) -> Result<()> {
     let x = b.tensor(xi)?;
     let dims = b.dims(x);
     // wrap_dim accepts dim 0 of a 0-d tensor, which has no dim to halve.
-    ensure(b, !dims.is_empty(), "input", "a tensor of at least 1 dimension", "a 0-d tensor")?;
+    ensure(
+        b,
+        !dims.is_empty(),
+        "input",
+        "a tensor of at least 1 dimension",
+        "a 0-d tensor",
+    )?;
     let d = wrap_dim(b, b.int_arg(xi + 1)?, dims.len())?;
     if dims[d] % 2 != 0 {
         return Err(b.arg_error(xi + 1, "a dimension of even size", dims[d]));

@@ -133,7 +133,13 @@ fn check_grad_image(b: &Builder, sizes: &[i64]) -> Result<()> {
     check_image(b, sizes)?;
     let grad = b.tensor_arg(0)?.view.sizes.len();
     let expected = format!("a {}-D gradient, as the input", sizes.len());
-    ensure(b, grad == sizes.len(), "grad_output", expected, format!("{grad}-D"))
+    ensure(
+        b,
+        grad == sizes.len(),
+        "grad_output",
+        expected,
+        format!("{grad}-D"),
+    )
 }
 
 /// Reads pooling arguments: input at 0, kernel at 1, stride at 2, padding
@@ -490,7 +496,13 @@ fn im2col(b: &mut Builder) -> Result<()> {
 fn col2im(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
     let got = format!("{:?}", view.sizes);
-    ensure(b, (2..=3).contains(&view.sizes.len()), "input", "a 2-D or 3-D input", got)?;
+    ensure(
+        b,
+        (2..=3).contains(&view.sizes.len()),
+        "input",
+        "a 2-D or 3-D input",
+        got,
+    )?;
     let output_size = pair(b, 1, None)?;
     let batched = view.sizes.len() == 3;
     let (n, ckk) = if batched {
@@ -500,7 +512,13 @@ fn col2im(b: &mut Builder) -> Result<()> {
     };
     let k = pair(b, 2, None)?;
     let valid = k.iter().all(|v| (1..MAX_GEOMETRY).contains(v));
-    ensure(b, valid, "kernel_size", "sizes in [1, 2^31)", format!("{k:?}"))?;
+    ensure(
+        b,
+        valid,
+        "kernel_size",
+        "sizes in [1, 2^31)",
+        format!("{k:?}"),
+    )?;
     if ckk % (k[0] * k[1]) != 0 {
         return Err(b.arg_error(
             0,

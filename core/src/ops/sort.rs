@@ -182,8 +182,18 @@ fn bucket(b: &mut Builder, searchsorted: bool) -> Result<()> {
     let v = operand(b, values_index, dtype)?;
     let mut s = operand(b, seq_index, dtype)?;
     let rank = b.dims(s).len();
-    let what = if searchsorted { "sorted_sequence" } else { "boundaries" };
-    ensure(b, rank >= 1, what, "a tensor of at least 1 dimension", "a 0-d tensor")?;
+    let what = if searchsorted {
+        "sorted_sequence"
+    } else {
+        "boundaries"
+    };
+    ensure(
+        b,
+        rank >= 1,
+        what,
+        "a tensor of at least 1 dimension",
+        "a 0-d tensor",
+    )?;
     if searchsorted && b.opt_tensor_arg(5)?.is_some() {
         // The sequence in sorted order: gather along its last dim.
         let sdims = b.dims(s);
