@@ -11,9 +11,9 @@ use std::sync::OnceLock;
 use arbitrary::Unstructured;
 use libfuzzer_sys::fuzz_target;
 use rtpu::executable::{
-    rtpu_bytes_data, rtpu_bytes_destroy, rtpu_bytes_size, rtpu_executable_compile,
-    rtpu_executable_deserialize, rtpu_executable_destroy, rtpu_executable_num_devices,
-    rtpu_executable_num_outputs, rtpu_executable_serialize, rtpu_compile_args,
+    rtpu_bytes_data, rtpu_bytes_destroy, rtpu_bytes_size, rtpu_compile_args,
+    rtpu_executable_compile, rtpu_executable_deserialize, rtpu_executable_destroy,
+    rtpu_executable_num_devices, rtpu_executable_num_outputs, rtpu_executable_serialize,
     RTPU_COMPILE_ARGS_STRUCT_SIZE,
 };
 use rtpu_fuzz::{runtime, take, verbose};
@@ -44,7 +44,10 @@ fn valid() -> &'static [u8] {
         assert!(compiled.is_ok(), "compiling the seed program: {compiled:?}");
         let bytes = serialize(exe).expect("serializing the seed program");
         rtpu_executable_destroy(exe);
-        eprintln!("deserialize: the valid executable has {} bytes", bytes.len());
+        eprintln!(
+            "deserialize: the valid executable has {} bytes",
+            bytes.len()
+        );
         bytes
     })
 }

@@ -16,9 +16,8 @@ use std::sync::{Mutex, OnceLock};
 use arbitrary::Unstructured;
 use libfuzzer_sys::fuzz_target;
 use rtpu::ops::{
-    rtpu_op_arg, rtpu_op_call, rtpu_op_count, rtpu_op_name, rtpu_op_output,
-    rtpu_op_result_count, rtpu_op_result_destroy, rtpu_op_result_get, RTPU_ARG_TENSOR,
-    RTPU_OP_OUTPUT_STRUCT_SIZE,
+    rtpu_op_arg, rtpu_op_call, rtpu_op_count, rtpu_op_name, rtpu_op_output, rtpu_op_result_count,
+    rtpu_op_result_destroy, rtpu_op_result_get, RTPU_ARG_TENSOR, RTPU_OP_OUTPUT_STRUCT_SIZE,
 };
 use rtpu::storage::{rtpu_storage_release, rtpu_tensor_ref};
 use rtpu_fuzz::op_args::{draw_args, Draw};
@@ -33,7 +32,8 @@ fn ops() -> &'static [(String, Option<&'static OpSchema>)] {
     OPS.get_or_init(|| {
         let ops: Vec<_> = (0..rtpu_op_count())
             .map(|i| {
-                let name = c_string(rtpu_op_name(i));
+                // SAFETY: op names are static strings.
+                let name = unsafe { c_string(rtpu_op_name(i)) };
                 let schema = schemas().get(&name);
                 (name, schema)
             })
@@ -81,7 +81,7 @@ impl Stats {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         let calls = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
-        if calls % 1000 == 0 {
+        if calls.is_multiple_of(1000) {
             self.print(calls);
         }
     }
@@ -128,7 +128,13 @@ fuzz_target!(|data: &[u8]| {
         eprintln!("calling {name} with {}", describe(&args));
     }
     let mut result = std::ptr::null_mut();
-    let outcome = take(rtpu_op_call(rt, index, args.as_ptr(), args.len(), &mut result));
+    let outcome = take(rtpu_op_call(
+        rt,
+        index,
+        args.as_ptr(),
+        args.len(),
+        &mut result,
+    ));
     if verbose() {
         eprintln!("{name} ({} args): {outcome:?}", args.len());
     }

@@ -11,8 +11,8 @@ use rtpu::buffer::{
     rtpu_buffer_host_size, rtpu_buffer_to_host, RTPU_BUFFER_FROM_HOST_ARGS_STRUCT_SIZE,
 };
 use rtpu::executable::{
-    rtpu_compile_args, rtpu_execute_args, rtpu_executable_compile, rtpu_executable_destroy,
-    rtpu_executable_execute, rtpu_executable_num_devices, rtpu_executable_num_outputs,
+    rtpu_compile_args, rtpu_executable_compile, rtpu_executable_destroy, rtpu_executable_execute,
+    rtpu_executable_num_devices, rtpu_executable_num_outputs, rtpu_execute_args,
     RTPU_COMPILE_ARGS_STRUCT_SIZE, RTPU_EXECUTE_ARGS_STRUCT_SIZE,
 };
 use rtpu_fuzz::tensors::{dtype_size, MAX_READ_BYTES};
@@ -46,7 +46,11 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     if rtpu_executable_num_devices(exe) == 1 && !NOT_RUN.iter().any(|op| text.contains(op)) {
         if let Some((params, results)) = signature(&text) {
-            if params.iter().chain(&results).all(|t| t.elements() <= MAX_ELEMENTS) {
+            if params
+                .iter()
+                .chain(&results)
+                .all(|t| t.elements() <= MAX_ELEMENTS)
+            {
                 run(exe, &params);
             }
         }
@@ -174,7 +178,8 @@ fn run(exe: *const rtpu::executable::rtpu_executable, params: &[TensorType]) {
         for &out in &outputs {
             assert!(!out.is_null(), "execute succeeded without an output");
             let mut size = 0usize;
-            if take(rtpu_buffer_host_size(out, &mut size)).is_ok() && size as u128 <= MAX_READ_BYTES {
+            if take(rtpu_buffer_host_size(out, &mut size)).is_ok() && size as u128 <= MAX_READ_BYTES
+            {
                 let mut host = vec![0u8; size];
                 take(rtpu_buffer_to_host(out, host.as_mut_ptr().cast(), size));
             }

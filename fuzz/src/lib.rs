@@ -83,7 +83,8 @@ pub fn take(error: *mut rtpu_error) -> Outcome {
         return Outcome::Ok;
     }
     let code = rtpu_error_code(error);
-    let message = c_string(rtpu_error_message(error));
+    // SAFETY: the message lives until the error is destroyed, below.
+    let message = unsafe { c_string(rtpu_error_message(error)) };
     rtpu_error_destroy(error);
     assert_ne!(code, RTPU_ERROR_CODE_PANIC, "rtpu panicked: {message}");
     assert_ne!(code, RTPU_ERROR_CODE_OK, "an error object with code OK");
@@ -92,12 +93,18 @@ pub fn take(error: *mut rtpu_error) -> Outcome {
 }
 
 /// A C string rtpu handed out, copied; NULL reads as empty.
-pub fn c_string(ptr: *const c_char) -> String {
+///
+/// # Safety
+/// A non-NULL `ptr` must be a NUL-terminated string that lives during the
+/// call (as rtpu's returned strings do).
+pub unsafe fn c_string(ptr: *const c_char) -> String {
     if ptr.is_null() {
         return String::new();
     }
-    // SAFETY: rtpu's strings are NUL-terminated and live while we copy.
-    unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+    // SAFETY: guaranteed by the caller.
+    unsafe { CStr::from_ptr(ptr) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Whether `RTPU_FUZZ_VERBOSE` is set: then targets print each call and

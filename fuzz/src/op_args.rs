@@ -59,8 +59,22 @@ const EDGE_FLOATS: [f64; 12] = [
 
 /// Strings the ops' `str` arguments take, and some they do not.
 const WORDS: [&str; 16] = [
-    "mean", "sum", "none", "trunc", "floor", "tanh", "amax", "amin", "prod", "left", "right",
-    "reflect", "constant", "replicate", "", "bogus",
+    "mean",
+    "sum",
+    "none",
+    "trunc",
+    "floor",
+    "tanh",
+    "amax",
+    "amin",
+    "prod",
+    "left",
+    "right",
+    "reflect",
+    "constant",
+    "replicate",
+    "",
+    "bogus",
 ];
 
 /// Dtypes a call is based on, weighted towards float32.
@@ -710,13 +724,7 @@ fn draw_int_list(d: &mut Draw, plan: &Plan, p: &Param) -> Vec<i64> {
             }
             dims.truncate(len.max(1));
             dims.iter()
-                .map(|&x| {
-                    if d.chance(1, 4) {
-                        x - rank as i64
-                    } else {
-                        x
-                    }
-                })
+                .map(|&x| if d.chance(1, 4) { x - rank as i64 } else { x })
                 .collect()
         }
         "kernel_size" => (0..len).map(|_| d.pick(&[1, 2, 2, 3])).collect(),

@@ -5,7 +5,7 @@ use std::ffi::CString;
 
 use rtpu::ops::rtpu_op_arg;
 use rtpu::storage::{
-    rtpu_storage, rtpu_storage_new, rtpu_storage_nbytes, rtpu_storage_release,
+    rtpu_storage, rtpu_storage_nbytes, rtpu_storage_new, rtpu_storage_release,
     rtpu_tensor_copy_from_host, rtpu_tensor_copy_to_host, rtpu_tensor_ref,
 };
 
