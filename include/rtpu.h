@@ -942,15 +942,17 @@ struct rtpu_error *rtpu_executable_execute(const struct rtpu_executable *executa
 
 /**
  * Serialises the executable; load it again with `rtpu_executable_deserialize`
- * on the same plugin version. On success the caller owns `*bytes_out`.
- * Thread-safe.
+ * on the same plugin version. The bytes carry a checksum, so corrupted
+ * ones are refused before they reach the plugin. On success the caller
+ * owns `*bytes_out`. Thread-safe.
  */
 struct rtpu_error *rtpu_executable_serialize(const struct rtpu_executable *executable, struct rtpu_bytes **bytes_out);
 
 /**
- * Loads an executable from `size` bytes made by `rtpu_executable_serialize`.
- * `data` is only read during the call. On success the caller owns
- * `*executable_out`. Thread-safe.
+ * Loads an executable from `size` bytes made by `rtpu_executable_serialize`;
+ * other bytes (corrupted, truncated) are INVALID_ARGUMENT. `data` is only
+ * read during the call. On success the caller owns `*executable_out`.
+ * Thread-safe.
  */
 struct rtpu_error *rtpu_executable_deserialize(const struct rtpu_runtime *runtime, const void *data, size_t size, struct rtpu_executable **executable_out);
 

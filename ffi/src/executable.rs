@@ -1,7 +1,9 @@
 //! `rtpu_executable`: compiled StableHLO programs, their execution and
 //! serialisation.
 
+use std::collections::hash_map::DefaultHasher;
 use std::ffi::c_void;
+use std::hash::{Hash, Hasher};
 
 use rtpu_core::runtime::{Buffer, CompileOptions, ExecuteOptions, LoadedExecutable};
 
@@ -206,9 +208,52 @@ pub extern "C" fn rtpu_executable_execute(
     })
 }
 
+/// Starts what `rtpu_executable_serialize` writes, before a checksum and
+/// the plugin's bytes.
+const SERIALIZED_MAGIC: &[u8; 8] = b"RTPUEXE1";
+const CHECKSUM_BYTES: usize = 16;
+
+/// A 128-bit checksum of `payload` (two seeded SipHashes, as the disk
+/// cache's): it catches corruption, not a forger.
+fn checksum(payload: &[u8]) -> [u8; CHECKSUM_BYTES] {
+    let mut out = [0u8; CHECKSUM_BYTES];
+    for (seed, half) in out.chunks_exact_mut(8).enumerate() {
+        let mut h = DefaultHasher::new();
+        seed.hash(&mut h);
+        payload.hash(&mut h);
+        half.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    out
+}
+
+/// The plugin's bytes inside `bytes`, once its magic and checksum hold.
+/// The plugin gets nothing else: it aborts the process on some corrupted
+/// executables (a failed CHECK while reading its buffer assignment), and
+/// one that loads would run corrupted machine code.
+fn checked_payload(bytes: &[u8]) -> Result<&[u8], FfiError> {
+    let not_ours = |why: &str| {
+        FfiError::invalid(format!(
+            "data is not an executable from rtpu_executable_serialize: {why}"
+        ))
+    };
+    let body = bytes
+        .strip_prefix(SERIALIZED_MAGIC)
+        .ok_or_else(|| not_ours("it does not start with its magic"))?;
+    let (sum, payload) = body
+        .split_at_checked(CHECKSUM_BYTES)
+        .ok_or_else(|| not_ours("it is truncated"))?;
+    if sum != checksum(payload) {
+        return Err(not_ours(
+            "its checksum does not match (corrupted or truncated)",
+        ));
+    }
+    Ok(payload)
+}
+
 /// Serialises the executable; load it again with `rtpu_executable_deserialize`
-/// on the same plugin version. On success the caller owns `*bytes_out`.
-/// Thread-safe.
+/// on the same plugin version. The bytes carry a checksum, so corrupted
+/// ones are refused before they reach the plugin. On success the caller
+/// owns `*bytes_out`. Thread-safe.
 #[no_mangle]
 pub extern "C" fn rtpu_executable_serialize(
     executable: *const rtpu_executable,
@@ -218,16 +263,21 @@ pub extern "C" fn rtpu_executable_serialize(
         // SAFETY: a non-NULL handle is live per the docs.
         let exe = unsafe { executable_ref(executable) }?;
         let bytes_out = out_ptr(bytes_out, "bytes_out")?;
-        let bytes = exe.serialize()?;
+        let payload = exe.serialize()?;
+        let mut bytes = Vec::with_capacity(SERIALIZED_MAGIC.len() + CHECKSUM_BYTES + payload.len());
+        bytes.extend_from_slice(SERIALIZED_MAGIC);
+        bytes.extend_from_slice(&checksum(&payload));
+        bytes.extend_from_slice(&payload);
         // SAFETY: checked non-NULL; written only on success.
         unsafe { *bytes_out = Box::into_raw(Box::new(bytes)).cast() };
         Ok(())
     })
 }
 
-/// Loads an executable from `size` bytes made by `rtpu_executable_serialize`.
-/// `data` is only read during the call. On success the caller owns
-/// `*executable_out`. Thread-safe.
+/// Loads an executable from `size` bytes made by `rtpu_executable_serialize`;
+/// other bytes (corrupted, truncated) are INVALID_ARGUMENT. `data` is only
+/// read during the call. On success the caller owns `*executable_out`.
+/// Thread-safe.
 #[no_mangle]
 pub extern "C" fn rtpu_executable_deserialize(
     runtime: *const rtpu_runtime,
@@ -244,7 +294,7 @@ pub extern "C" fn rtpu_executable_deserialize(
         }
         // SAFETY: documented as `size` readable bytes.
         let bytes = unsafe { slice(data.cast::<u8>(), size, "data") }?;
-        let exe = rt.client.deserialize(bytes)?;
+        let exe = rt.client.deserialize(checked_payload(bytes)?)?;
         // SAFETY: checked non-NULL; written only on success.
         unsafe { *executable_out = executable_into_raw(exe) };
         Ok(())

@@ -3,7 +3,7 @@
 //! soft/hard shrink, log-sigmoid, glu and prelu.
 
 use super::{
-    accumulate_dtype, broadcast_all, broadcast_scalar, finish, float_input, operand_pair,
+    accumulate_dtype, broadcast_all, broadcast_scalar, ensure, finish, float_input, operand_pair,
     result_type, wrap_dim, Arith, Form, OpDef, Pass,
 };
 use crate::builder::{Arg, Builder};
@@ -433,6 +433,14 @@ fn glu(b: &mut Builder, pass: Pass) -> Result<()> {
     let xi = pass.first_arg();
     let x = b.tensor(xi)?;
     let dims = b.dims(x);
+    // wrap_dim accepts dim 0 of a 0-d tensor, which has no dim to halve.
+    ensure(
+        b,
+        !dims.is_empty(),
+        "input",
+        "a tensor of at least 1 dimension",
+        "a 0-d tensor",
+    )?;
     let d = wrap_dim(b, b.int_arg(xi + 1)?, dims.len())?;
     if dims[d] % 2 != 0 {
         return Err(b.arg_error(xi + 1, "a dimension of even size", dims[d]));

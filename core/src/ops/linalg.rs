@@ -180,6 +180,14 @@ fn trace(b: &mut Builder) -> Result<()> {
 fn cross(b: &mut Builder) -> Result<()> {
     let (x, y, dtype) = binary_operands(b, false)?;
     let dims = b.dims(x);
+    // wrap_dim accepts dim 0 of 0-d operands, which have no dim of size 3.
+    ensure(
+        b,
+        !dims.is_empty(),
+        "operands",
+        "tensors of at least 1 dimension",
+        "0-d tensors",
+    )?;
     let d = wrap_dim(b, b.int_arg(2)?, dims.len())?;
     if dims[d] != 3 {
         return Err(b.arg_error(2, "a dimension of size 3", dims[d]));

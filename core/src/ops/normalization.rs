@@ -232,13 +232,7 @@ fn per_channel(b: &mut Builder, v: ValueId, dims: &[i64]) -> ValueId {
 /// updates the running statistics in place.
 fn batch_norm(b: &mut Builder) -> Result<()> {
     let (x, dtype, dims) = float_input(b, 0)?;
-    if dims.len() < 2 {
-        return Err(Error::invalid(
-            format!("{}: input", b.op_name()),
-            "at least 2 dimensions (N, C, ...)",
-            format!("{dims:?}"),
-        ));
-    }
+    require_batch(b, &dims)?;
     let c = dims[1];
     let cd = accumulate_dtype(dtype);
     let training = b.bool_arg(5)?;
@@ -299,10 +293,23 @@ fn batch_norm(b: &mut Builder) -> Result<()> {
     }
 }
 
+/// Errors unless `dims` are a batch's: (N, C, ...).
+fn require_batch(b: &Builder, dims: &[i64]) -> Result<()> {
+    if dims.len() < 2 {
+        return Err(Error::invalid(
+            format!("{}: input", b.op_name()),
+            "at least 2 dimensions (N, C, ...)",
+            format!("{dims:?}"),
+        ));
+    }
+    Ok(())
+}
+
 /// native_batch_norm_backward(grad_out, input, weight?, running_mean?,
 /// running_var?, save_mean?, save_invstd?, train, eps, output_mask).
 fn batch_norm_backward(b: &mut Builder) -> Result<()> {
     let (x, dtype, dims) = float_input(b, 1)?;
+    require_batch(b, &dims)?;
     let c = dims[1];
     let cd = accumulate_dtype(dtype);
     let train = b.bool_arg(7)?;

@@ -7,7 +7,7 @@ use super::index::{host_values, plane_positions};
 use super::{accumulate_dtype, ensure, float_input, output_as, OpDef};
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
 
 /// 2-D pooling geometry.
@@ -69,7 +69,9 @@ fn pair(b: &Builder, index: usize, default: Option<[i64; 2]>) -> Result<[i64; 2]
 
 /// ATen's pooling output size, with ceil_mode's rule that the last window
 /// must start inside the (left-padded) input.
+/// Computed in 128 bits: with `check_geometry`'s bounds nothing overflows.
 fn output_size(input: i64, k: i64, s: i64, p: i64, d: i64, ceil: bool) -> i64 {
+    let [input, k, s, p, d] = [input, k, s, p, d].map(i128::from);
     let span = input + 2 * p - d * (k - 1) - 1;
     let mut out = if ceil {
         (span + s - 1).div_euclid(s) + 1
@@ -79,7 +81,32 @@ fn output_size(input: i64, k: i64, s: i64, p: i64, d: i64, ceil: bool) -> i64 {
     if ceil && (out - 1) * s >= input + p {
         out -= 1;
     }
-    out
+    out.clamp(0, i64::MAX.into()) as i64
+}
+
+/// Largest kernel, stride, dilation or padding accepted: far past any real
+/// image, and small enough that window arithmetic cannot overflow.
+const MAX_GEOMETRY: i64 = 1 << 31;
+
+/// Errors unless kernel, stride and dilation are in [1, 2^31) and padding
+/// in [0, 2^31), and, for pooling (`half_kernel_padding`), padding is at
+/// most half the kernel.
+fn check_geometry(
+    b: &Builder,
+    [k, s, p, d]: [[i64; 2]; 4],
+    half_kernel_padding: bool,
+) -> Result<()> {
+    let positive = |v: &i64| (1..MAX_GEOMETRY).contains(v);
+    let ok = k.iter().chain(&s).chain(&d).all(positive)
+        && p.iter().all(|v| (0..MAX_GEOMETRY).contains(v))
+        && (!half_kernel_padding || (p[0] * 2 <= k[0] && p[1] * 2 <= k[1]));
+    let expected = if half_kernel_padding {
+        "kernel, stride, dilation in [1, 2^31) and 0 <= padding <= kernel / 2"
+    } else {
+        "kernel, stride, dilation in [1, 2^31) and padding in [0, 2^31)"
+    };
+    let got = format!("kernel {k:?} stride {s:?} padding {p:?} dilation {d:?}");
+    ensure(b, ok, "geometry", expected, got)
 }
 
 /// An image's planes (its leading dims flattened), height and width.
@@ -100,6 +127,21 @@ fn check_image(b: &Builder, sizes: &[i64]) -> Result<()> {
     )
 }
 
+/// Errors unless a pooling backward's input (argument 1) is an image and
+/// its gradient (argument 0) has the input's rank.
+fn check_grad_image(b: &Builder, sizes: &[i64]) -> Result<()> {
+    check_image(b, sizes)?;
+    let grad = b.tensor_arg(0)?.view.sizes.len();
+    let expected = format!("a {}-D gradient, as the input", sizes.len());
+    ensure(
+        b,
+        grad == sizes.len(),
+        "grad_output",
+        expected,
+        format!("{grad}-D"),
+    )
+}
+
 /// Reads pooling arguments: input at 0, kernel at 1, stride at 2, padding
 /// at 3, dilation at `dilation` (if any), ceil_mode at `ceil`.
 fn pool_geometry(b: &Builder, dilation: Option<usize>, ceil: usize) -> Result<Pool> {
@@ -114,17 +156,7 @@ fn pool_geometry(b: &Builder, dilation: Option<usize>, ceil: usize) -> Result<Po
         None => [1, 1],
     };
     let ceil_mode = b.bool_arg(ceil)?;
-    if k.iter().chain(&s).chain(&d).any(|&v| v < 1)
-        || p.iter().any(|&v| v < 0)
-        || p[0] * 2 > k[0]
-        || p[1] * 2 > k[1]
-    {
-        return Err(Error::invalid(
-            format!("{}: geometry", b.op_name()),
-            "kernel, stride, dilation >= 1 and 0 <= padding <= kernel / 2",
-            format!("kernel {k:?} stride {s:?} padding {p:?} dilation {d:?}"),
-        ));
-    }
+    check_geometry(b, [k, s, p, d], true)?;
     let g = Pool::new(planes, [h, w], k, s, p, d, ceil_mode);
     let got = format!("{:?} for input {sizes:?}", g.out);
     ensure(b, g.has_windows(), "output size", "at least 1x1", got)?;
@@ -231,6 +263,7 @@ fn max_pool(b: &mut Builder) -> Result<()> {
 /// dilation, ceil_mode, indices): gradients scatter-added at the indices.
 fn max_pool_backward(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(1)?.view.clone();
+    check_grad_image(b, &view.sizes)?;
     let (planes, h, w) = planes_hw(&view.sizes);
     let gy = b.tensor(0)?;
     let gdims = b.dims(gy);
@@ -325,11 +358,13 @@ fn avg_pool(b: &mut Builder) -> Result<()> {
 fn avg_pool_backward(b: &mut Builder) -> Result<()> {
     // The forward's arguments follow the gradient, one position later.
     let view = b.tensor_arg(1)?.view.clone();
+    check_grad_image(b, &view.sizes)?;
     let (planes, h, w) = planes_hw(&view.sizes);
     let k = pair(b, 2, None)?;
     let s = pair(b, 3, Some(k))?;
     let p = pair(b, 4, Some([0, 0]))?;
     let ceil_mode = b.bool_arg(5)?;
+    check_geometry(b, [k, s, p, [1, 1]], true)?;
     let g = Pool::new(planes, [h, w], k, s, p, [1, 1], ceil_mode);
     let out = g.out;
     let dtype = view.dtype;
@@ -396,6 +431,7 @@ fn adaptive_avg_pool(b: &mut Builder) -> Result<()> {
 /// _adaptive_avg_pool2d_backward(grad, self): P_hᵀ g P_w per plane.
 fn adaptive_avg_pool_backward(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(1)?.view.clone();
+    check_grad_image(b, &view.sizes)?;
     let (planes, h, w) = planes_hw(&view.sizes);
     let gy = b.tensor(0)?;
     let gd = b.dims(gy);
@@ -425,6 +461,7 @@ fn patch_geometry(b: &Builder, sizes: &[i64], first: usize) -> Result<(Pool, i64
     let d = pair(b, first + 1, Some([1, 1]))?;
     let p = pair(b, first + 2, Some([0, 0]))?;
     let s = pair(b, first + 3, Some([1, 1]))?;
+    check_geometry(b, [k, s, p, d], false)?;
     let (h, w) = (sizes[r - 2], sizes[r - 1]);
     let g = Pool::new(n * c, [h, w], k, s, p, d, false);
     let got = format!("{:?}", g.out);
@@ -458,6 +495,14 @@ fn im2col(b: &mut Builder) -> Result<()> {
 /// (nn.Fold): columns summed back into their blocks' positions.
 fn col2im(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
+    let got = format!("{:?}", view.sizes);
+    ensure(
+        b,
+        (2..=3).contains(&view.sizes.len()),
+        "input",
+        "a 2-D or 3-D input",
+        got,
+    )?;
     let output_size = pair(b, 1, None)?;
     let batched = view.sizes.len() == 3;
     let (n, ckk) = if batched {
@@ -466,6 +511,14 @@ fn col2im(b: &mut Builder) -> Result<()> {
         (1, view.sizes[0])
     };
     let k = pair(b, 2, None)?;
+    let valid = k.iter().all(|v| (1..MAX_GEOMETRY).contains(v));
+    ensure(
+        b,
+        valid,
+        "kernel_size",
+        "sizes in [1, 2^31)",
+        format!("{k:?}"),
+    )?;
     if ckk % (k[0] * k[1]) != 0 {
         return Err(b.arg_error(
             0,

@@ -3,8 +3,8 @@
 
 use super::index::plane_positions;
 use super::{
-    at_least_1d, operand, output_as, reduced_shape, require_nonempty_dim, result_type, wrap_dim,
-    OpDef,
+    at_least_1d, ensure, operand, output_as, reduced_shape, require_nonempty_dim, result_type,
+    wrap_dim, OpDef,
 };
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
@@ -181,6 +181,19 @@ fn bucket(b: &mut Builder, searchsorted: bool) -> Result<()> {
     let dtype = result_type(b, &[values_index, seq_index])?;
     let v = operand(b, values_index, dtype)?;
     let mut s = operand(b, seq_index, dtype)?;
+    let rank = b.dims(s).len();
+    let what = if searchsorted {
+        "sorted_sequence"
+    } else {
+        "boundaries"
+    };
+    ensure(
+        b,
+        rank >= 1,
+        what,
+        "a tensor of at least 1 dimension",
+        "a 0-d tensor",
+    )?;
     if searchsorted && b.opt_tensor_arg(5)?.is_some() {
         // The sequence in sorted order: gather along its last dim.
         let sdims = b.dims(s);

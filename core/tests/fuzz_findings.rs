@@ -1,0 +1,186 @@
+//! Op calls the fuzzer (`scripts/fuzz op_call`) found panicking inside a
+//! lowering (index out of range, arithmetic overflow, division by zero):
+//! through the C ABI a PANIC error, in debug builds an abort. Each is now
+//! refused up front with INVALID_ARGUMENT naming what was wrong.
+
+mod common;
+
+use rtpu_core::engine::{self, Arg, TensorArg};
+use rtpu_core::storage::{Storage, View};
+use rtpu_core::{DType, ErrorCode};
+
+/// A float32 tensor of `sizes`, all zeros.
+fn zeros(sizes: &[i64]) -> Arg {
+    let numel: i64 = sizes.iter().product();
+    let storage = Storage::new(common::cpu_client(), 0, numel as usize * 4).unwrap();
+    Arg::Tensor(TensorArg {
+        storage,
+        view: View::contiguous(sizes, DType::F32),
+    })
+}
+
+/// Asserts `name` refuses `args` with INVALID_ARGUMENT mentioning `needle`.
+fn refused(name: &str, args: &[Arg], needle: &str) {
+    let op = engine::find_op(name).unwrap_or_else(|| panic!("{name} is not in the op table"));
+    match engine::call(common::cpu_client(), op, args) {
+        Ok(_) => panic!("{name} accepted {} arguments it should refuse", args.len()),
+        Err(err) => {
+            assert_eq!(err.code(), ErrorCode::InvalidArgument, "{name}: {err}");
+            assert!(err.to_string().contains(needle), "{name}: {err}");
+        }
+    }
+}
+
+#[test]
+fn dim_wise_ops_refuse_0_d_tensors() {
+    // wrap_dim accepts dim 0 of a 0-d tensor; these then indexed its sizes.
+    refused(
+        "aten::glu",
+        &[zeros(&[]), Arg::Int(0)],
+        "at least 1 dimension",
+    );
+    refused(
+        "aten::glu_backward",
+        &[zeros(&[]), zeros(&[]), Arg::Int(-1)],
+        "at least 1 dimension",
+    );
+    refused(
+        "aten::linalg_cross",
+        &[zeros(&[]), zeros(&[]), Arg::Int(0)],
+        "at least 1 dimension",
+    );
+}
+
+#[test]
+fn batch_norm_backward_refuses_inputs_without_channels() {
+    let mask = Arg::IntList(vec![1, 1, 1]);
+    for sizes in [&[][..], &[3][..]] {
+        refused(
+            "aten::native_batch_norm_backward",
+            &[
+                zeros(sizes),
+                zeros(sizes),
+                Arg::None,
+                Arg::None,
+                Arg::None,
+                Arg::None,
+                Arg::None,
+                Arg::Bool(true),
+                Arg::Float(1e-5),
+                mask.clone(),
+            ],
+            "at least 2 dimensions",
+        );
+    }
+}
+
+#[test]
+fn pooling_backwards_and_col2im_refuse_non_images() {
+    let pair = |v: i64| Arg::IntList(vec![v, v]);
+    refused(
+        "aten::max_pool2d_with_indices_backward",
+        &[
+            zeros(&[2]),
+            zeros(&[2]),
+            pair(1),
+            pair(1),
+            pair(0),
+            pair(1),
+            Arg::Bool(false),
+            zeros(&[2]),
+        ],
+        "3-D or 4-D",
+    );
+    refused(
+        "aten::avg_pool2d_backward",
+        &[
+            zeros(&[]),
+            zeros(&[]),
+            pair(1),
+            pair(1),
+            pair(0),
+            Arg::Bool(false),
+            Arg::Bool(true),
+            Arg::None,
+        ],
+        "3-D or 4-D",
+    );
+    // A gradient of another rank than the image it is for.
+    refused(
+        "aten::_adaptive_avg_pool2d_backward",
+        &[zeros(&[2]), zeros(&[1, 2, 2])],
+        "gradient",
+    );
+    refused(
+        "aten::col2im",
+        &[zeros(&[]), pair(2), pair(1), pair(1), pair(0), pair(1)],
+        "2-D or 3-D",
+    );
+}
+
+#[test]
+fn window_geometry_out_of_range_is_refused() {
+    let pair = |v: i64| Arg::IntList(vec![v, v]);
+    let image = || zeros(&[1, 4, 4]);
+    // A zero stride divided by zero; a huge padding overflowed.
+    for (stride, padding) in [(0, 0), (1, i64::MAX), (i64::MAX, 0)] {
+        refused(
+            "aten::max_pool2d_with_indices",
+            &[
+                image(),
+                pair(2),
+                pair(stride),
+                pair(padding),
+                pair(1),
+                Arg::Bool(true),
+            ],
+            "geometry",
+        );
+        refused(
+            "aten::im2col",
+            &[image(), pair(2), pair(1), pair(padding), pair(stride)],
+            "geometry",
+        );
+    }
+    refused(
+        "aten::avg_pool2d_backward",
+        &[
+            zeros(&[1, 2, 2]),
+            image(),
+            pair(2),
+            pair(0),
+            pair(0),
+            Arg::Bool(false),
+            Arg::Bool(true),
+            Arg::None,
+        ],
+        "geometry",
+    );
+    // A zero kernel was a remainder by zero.
+    refused(
+        "aten::col2im",
+        &[zeros(&[4, 4]), pair(4), pair(0), pair(1), pair(0), pair(1)],
+        "kernel_size",
+    );
+}
+
+#[test]
+fn bucketize_and_searchsorted_refuse_0_d_sequences() {
+    refused(
+        "aten::bucketize.Tensor",
+        &[zeros(&[3]), zeros(&[]), Arg::Bool(false), Arg::Bool(false)],
+        "boundaries",
+    );
+    refused(
+        "aten::searchsorted.Tensor",
+        &[
+            zeros(&[]),
+            zeros(&[3]),
+            Arg::Bool(false),
+            Arg::Bool(false),
+            Arg::None,
+            Arg::None,
+        ],
+        "sorted_sequence",
+    );
+}
