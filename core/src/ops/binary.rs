@@ -190,7 +190,15 @@ fn binary(b: &mut Builder, f: Binary, form: Form) -> Result<()> {
             let xx = b.mul(x, x)?;
             let yy = b.mul(y, y)?;
             let s = b.add(xx, yy)?;
-            b.unary(UnaryOp::Sqrt, s)
+            let h = b.unary(UnaryOp::Sqrt, s);
+            // An infinite side gives inf, even against NaN (C's hypot).
+            let inf = b.float_like(f64::INFINITY, h);
+            let ax = b.unary(UnaryOp::Abs, x);
+            let ay = b.unary(UnaryOp::Abs, y);
+            let x_inf = b.compare(CompareDir::Eq, ax, inf)?;
+            let y_inf = b.compare(CompareDir::Eq, ay, inf)?;
+            let any_inf = b.binary(BinaryOp::Or, x_inf, y_inf)?;
+            b.select(any_inf, inf, h)?
         }
         BitwiseAnd => b.binary(BinaryOp::And, x, y)?,
         BitwiseOr => b.binary(BinaryOp::Or, x, y)?,
