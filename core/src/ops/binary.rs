@@ -58,7 +58,22 @@ fn rsub(b: &mut Builder) -> Result<()> {
 fn promoted(b: &mut Builder, op: BinaryOp, form: Form) -> Result<()> {
     let dtype = result_type(b, &[0, 1])?;
     let (x, y) = operand_pair(b, (0, 1), dtype)?;
-    let out = b.binary(op, x, y)?;
+    let is_mask = |b: &Builder, i: usize| matches!(b.arg(i), Ok(Arg::Tensor(t)) if t.view.dtype == DType::Bool);
+    let mask = [0, 1].into_iter().find(|&i| is_mask(b, i));
+    let out = match mask {
+        Some(i) if op == BinaryOp::Mul && is_float(dtype) => {
+            // XLA rewrites a float times a converted bool as a select of 0,
+            // which loses inf * 0 = NaN (autograd's masked gradients, amax's
+            // among them, would drop NaN); a select of x * 0 keeps it.
+            let other = if i == 0 { y } else { x };
+            let keep = b.tensor(i)?;
+            let keep = b.broadcast_to(keep, &b.dims(other))?;
+            let zero = b.float_like(0.0, other);
+            let masked = b.mul(other, zero)?;
+            b.select(keep, other, masked)?
+        }
+        _ => b.binary(op, x, y)?,
+    };
     finish(b, form, out)
 }
 
