@@ -136,10 +136,12 @@ fn extreme_and_index(
     Ok((extreme, index))
 }
 
-/// var/std (and their `_mean` forms) with Bessel's `correction`.
+/// var/std (and their `_mean` forms) with Bessel's `correction`; 16-bit
+/// floats compute in float32 and round once, as ATen's CPU kernels do.
 fn var_std(b: &mut Builder, std: bool, with_mean: bool) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
     require_float(b, "input", view.dtype)?;
+    let acc = accumulate_dtype(view.dtype);
     let dims = reduce_dims(b, 1, view.sizes.len())?;
     let correction = match b.arg(2) {
         Ok(Arg::None) | Err(_) => 1.0,
@@ -151,8 +153,9 @@ fn var_std(b: &mut Builder, std: bool, with_mean: bool) -> Result<()> {
         .map(|&d| view.sizes.get(d as usize).copied().unwrap_or(1))
         .product();
     let x = b.tensor(0)?;
+    let x = b.convert(x, acc);
     let sum = b.reduce(x, ReduceOp::Sum, &dims);
-    let n = b.constant(Literal::Int(count), view.dtype, &b.dims(sum));
+    let n = b.constant(Literal::Int(count), acc, &b.dims(sum));
     let mean = b.binary(BinaryOp::Div, sum, n)?;
     let keep: Vec<i64> = (0..view.sizes.len() as i64)
         .filter(|d| !dims.contains(d))
@@ -164,16 +167,18 @@ fn var_std(b: &mut Builder, std: bool, with_mean: bool) -> Result<()> {
     // Division by max(0, n - correction), as ATen does (0 gives inf/nan).
     let denom = b.constant(
         Literal::Float((count as f64 - correction).max(0.0)),
-        view.dtype,
+        acc,
         &b.dims(ss),
     );
     let mut v = b.binary(BinaryOp::Div, ss, denom)?;
     if std {
         v = b.unary(UnaryOp::Sqrt, v);
     }
+    let v = b.convert(v, view.dtype);
     let v = keep_dims(b, v, &view.sizes, &dims, keepdim)?;
     b.output(v)?;
     if with_mean {
+        let mean = b.convert(mean, view.dtype);
         let m = keep_dims(b, mean, &view.sizes, &dims, keepdim)?;
         b.output(m)?;
     }
