@@ -330,8 +330,9 @@ pub enum Node {
         strides: Vec<i64>,
         padding: Vec<(i64, i64)>,
     },
-    /// Sorts `keys` along `dim` (stable; NaN ordered as the largest), moving
-    /// `payload` (same shape) with it; the node's value is the sorted keys.
+    /// Sorts `keys` along `dim` (stable; floats as torch orders them: NaN the
+    /// largest, -0.0 equal to 0.0), moving `payload` (same shape) with it;
+    /// the node's value is the sorted keys.
     Sort {
         keys: ValueId,
         payload: ValueId,

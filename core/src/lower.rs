@@ -252,6 +252,48 @@ fn compare_attrs(dir: CompareDir, dtype: DType) -> String {
     )
 }
 
+/// The body of a sort's comparator: whether `%a` goes before `%b`.
+///
+/// Floats order as torch.sort does: NaN (of either sign) above everything,
+/// and -0.0 equal to 0.0, so the stable sort keeps them in input order.
+/// (TOTALORDER would put -0.0 first and a negative NaN, which x86 makes
+/// for 0/0, below -inf.)
+fn sort_comparator(dtype: DType, descending: bool) -> String {
+    let ks = TensorType::new(dtype, &[]);
+    let compare = |x: &str, y: &str, dir: &str, kind: &str| {
+        format!(
+            "\"stablehlo.compare\"(%{x}, %{y}) {{comparison_direction = #stablehlo<comparison_direction {dir}>, \
+             compare_type = #stablehlo<comparison_type {kind}>}} : ({ks}, {ks}) -> tensor<i1>"
+        )
+    };
+    let ret = "      \"stablehlo.return\"(%r) : (tensor<i1>) -> ()\n";
+    let direction = if descending { "GT" } else { "LT" };
+    if !matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64) {
+        let kind = if matches!(
+            dtype,
+            DType::Bool | DType::U8 | DType::U16 | DType::U32 | DType::U64
+        ) {
+            "UNSIGNED"
+        } else {
+            "SIGNED"
+        };
+        return format!("      %r = {}\n{ret}", compare("a", "b", direction, kind));
+    }
+    // Ascending: a < b, or only b is NaN; descending: a > b, or only a is.
+    let (nan, number) = if descending { ("a", "b") } else { ("b", "a") };
+    let i1 = "(tensor<i1>, tensor<i1>) -> tensor<i1>";
+    format!(
+        "      %ordered = {}\n      \
+         %nan = {}\n      \
+         %number = {}\n      \
+         %nan_largest = \"stablehlo.and\"(%nan, %number) : {i1}\n      \
+         %r = \"stablehlo.or\"(%ordered, %nan_largest) : {i1}\n{ret}",
+        compare("a", "b", direction, "FLOAT"),
+        compare(nan, nan, "NE", "FLOAT"),
+        compare(number, number, "EQ", "FLOAT"),
+    )
+}
+
 fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &TensorType) {
     match node {
         Node::Param(_) => {}
@@ -528,23 +570,12 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
             let payload_ty = graph.ty(*payload);
             let ks = TensorType::new(key_ty.dtype, &[]);
             let ps = TensorType::new(payload_ty.dtype, &[]);
-            let direction = if *descending { "GT" } else { "LT" };
-            // TOTALORDER puts NaN above +inf, as torch.sort does.
-            let kind = if matches!(key_ty.dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64) {
-                "TOTALORDER"
-            } else if matches!(key_ty.dtype, DType::Bool | DType::U8 | DType::U16 | DType::U32 | DType::U64) {
-                "UNSIGNED"
-            } else {
-                "SIGNED"
-            };
             let _ = writeln!(
                 out,
                 "    %v{id}, %v{id}_payload = \"stablehlo.sort\"(%v{keys}, %v{payload}) ({{\n    \
-                 ^bb0(%a: {ks}, %b: {ks}, %c: {ps}, %d: {ps}):\n      \
-                 %r = \"stablehlo.compare\"(%a, %b) {{comparison_direction = #stablehlo<comparison_direction {direction}>, \
-                 compare_type = #stablehlo<comparison_type {kind}>}} : ({ks}, {ks}) -> tensor<i1>\n      \
-                 \"stablehlo.return\"(%r) : (tensor<i1>) -> ()\n    \
-                 }}) {{dimension = {dim} : i64, is_stable = true}} : ({key_ty}, {payload_ty}) -> ({key_ty}, {payload_ty})"
+                 ^bb0(%a: {ks}, %b: {ks}, %c: {ps}, %d: {ps}):\n{}    \
+                 }}) {{dimension = {dim} : i64, is_stable = true}} : ({key_ty}, {payload_ty}) -> ({key_ty}, {payload_ty})",
+                sort_comparator(key_ty.dtype, *descending)
             );
         }
         Node::SortPayload { sort } => {

@@ -817,6 +817,96 @@ fn sort_topk_cumsum_and_var() {
     assert_close(&read(&v[0]), &[5.0 / 3.0], 1e-6, 0.0);
 }
 
+fn read_i64(t: &TensorArg) -> Vec<i64> {
+    t.storage
+        .read_view(&t.view)
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Equal as torch compares with `equal_nan`: NaN where the other is NaN,
+/// the same value (and sign of zero) elsewhere.
+fn assert_same_or_both_nan(got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let same = (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits();
+        assert!(same, "element {i}: got {g}, want {w}");
+    }
+}
+
+#[test]
+fn nan_wins_extremes_sorts_last_and_has_sign_zero_as_in_torch() {
+    let mut rng = Rng::fresh("nan_extremes");
+    let (rows, cols) = (4, 7);
+    let mut a = rng.f32s(rows * cols);
+    // Rows 0 and 2 get NaNs (row 0 two, the first of them negative), rows
+    // 1 and 3 none; row 3 an infinity.
+    for (r, c) in [
+        (0, rng.next_u64() as usize % 3),
+        (0, 5),
+        (2, rng.next_u64() as usize % cols),
+    ] {
+        a[r * cols + c] = f32::NAN;
+    }
+    a[rng.next_u64() as usize % 3] = -f32::NAN;
+    a[3 * cols + 4] = f32::INFINITY;
+    let x = f32_tensor(&a, &[rows as i64, cols as i64]);
+    // torch: a NaN is the extreme of both kinds, and the first one wins.
+    let row = |r: usize| &a[r * cols..(r + 1) * cols];
+    let first = |r: usize, better: fn(f32, f32) -> bool| {
+        let v = row(r);
+        (0..cols).fold(0, |best, c| {
+            if v[best].is_nan() || (!v[c].is_nan() && !better(v[c], v[best])) {
+                best
+            } else {
+                c
+            }
+        })
+    };
+    let argmax: Vec<i64> = (0..rows).map(|r| first(r, |x, y| x > y) as i64).collect();
+    let argmin: Vec<i64> = (0..rows).map(|r| first(r, |x, y| x < y) as i64).collect();
+    let amax: Vec<f32> = (0..rows).map(|r| row(r)[argmax[r] as usize]).collect();
+    let amin: Vec<f32> = (0..rows).map(|r| row(r)[argmin[r] as usize]).collect();
+
+    let got = call(
+        "aten::amax",
+        &[t(&x), Arg::IntList(vec![1]), Arg::Bool(false)],
+    );
+    assert_same_or_both_nan(&read(&got[0]), &amax);
+    let got = call(
+        "aten::amin",
+        &[t(&x), Arg::IntList(vec![1]), Arg::Bool(false)],
+    );
+    assert_same_or_both_nan(&read(&got[0]), &amin);
+    let got = call("aten::argmax", &[t(&x), Arg::Int(1), Arg::Bool(false)]);
+    assert_eq!(read_i64(&got[0]), argmax);
+    let got = call("aten::argmin", &[t(&x), Arg::Int(1), Arg::Bool(false)]);
+    assert_eq!(read_i64(&got[0]), argmin);
+    let got = call("aten::max.dim", &[t(&x), Arg::Int(1), Arg::Bool(false)]);
+    assert_same_or_both_nan(&read(&got[0]), &amax);
+    assert_eq!(read_i64(&got[1]), argmax);
+    let got = call("aten::max", &[t(&x)]);
+    assert!(read(&got[0])[0].is_nan(), "max of all holds the NaNs");
+
+    // Stable sorts: NaNs of either sign last (first descending) in input
+    // order, -0.0 and 0.0 equal, in input order.
+    let s = f32_tensor(
+        &[1.0, -0.0, 0.0, -f32::NAN, f32::NAN, f32::NEG_INFINITY, 0.0],
+        &[7],
+    );
+    let up = call("aten::sort", &[t(&s), Arg::Int(0), Arg::Bool(false)]);
+    assert_eq!(read_i64(&up[1]), vec![5, 1, 2, 6, 0, 3, 4]);
+    let down = call("aten::sort", &[t(&s), Arg::Int(0), Arg::Bool(true)]);
+    assert_eq!(read_i64(&down[1]), vec![3, 4, 0, 1, 2, 6, 5]);
+
+    // sign: (x > 0) - (x < 0), so NaN and -0.0 give +0.0.
+    let v = f32_tensor(&[f32::NAN, -0.0, -2.5, 3.0, f32::NEG_INFINITY], &[5]);
+    let got = call("aten::sign", &[t(&v)]);
+    assert_same_or_both_nan(&read(&got[0]), &[0.0, 0.0, -1.0, 1.0, -1.0]);
+}
+
 #[test]
 fn advanced_indexing_and_scatter() {
     // x[[2, 0], :] and x[:, [1, 1]] on a 3x2 tensor.

@@ -282,8 +282,8 @@ fn leaky_relu_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
 
 fn hardtanh(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let (lo, hi) = (e.scalar(1)?, e.scalar(2)?);
-    let m = e.binary(BinaryOp::Max, x, lo)?;
-    e.binary(BinaryOp::Min, m, hi)
+    let m = e.maximum(x, lo)?;
+    e.minimum(m, hi)
 }
 
 /// Gradient passes only strictly inside (min_val, max_val).
@@ -305,8 +305,8 @@ fn hardswish(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let zero = e.c(0.0);
     let six = e.c(6.0);
     let s = e.add(x, three)?;
-    let r = e.binary(BinaryOp::Max, s, zero)?;
-    let r = e.binary(BinaryOp::Min, r, six)?;
+    let r = e.maximum(s, zero)?;
+    let r = e.minimum(r, six)?;
     let xr = e.mul(x, r)?;
     e.div(xr, six)
 }
@@ -346,30 +346,34 @@ fn output_backward(b: &mut Builder, tanh: bool) -> Result<()> {
     b.output(out)
 }
 
-/// threshold(self, threshold, value): x > threshold ? x : value.
+/// threshold(self, threshold, value): x <= threshold ? value : x, so NaN
+/// stays NaN, as in ATen.
 fn threshold(b: &mut Builder, form: Form) -> Result<()> {
     let x = b.tensor(0)?;
     let (dtype, dims) = (b.dtype(x), b.dims(x));
     let t = broadcast_scalar(b, 1, dtype, &dims)?;
     let v = broadcast_scalar(b, 2, dtype, &dims)?;
-    let keep = b.compare(CompareDir::Gt, x, t)?;
-    let out = b.select(keep, x, v)?;
+    let replace = b.compare(CompareDir::Le, x, t)?;
+    let out = b.select(replace, v, x)?;
     finish(b, form, out)
 }
 
-/// grad where self > threshold, else 0 (relu's backward).
+/// self <= threshold ? 0 : grad (relu's backward; a NaN self passes grad).
 fn threshold_backward(b: &mut Builder) -> Result<()> {
     let dtype = result_type(b, &[0, 1])?;
     let (g, x) = operand_pair(b, (0, 1), dtype)?;
     let dims = b.dims(x);
     let t = broadcast_scalar(b, 2, dtype, &dims)?;
-    let keep = b.compare(CompareDir::Gt, x, t)?;
+    let stop = b.compare(CompareDir::Le, x, t)?;
     let zero = b.constant(Literal::Int(0), dtype, &dims);
-    let out = b.select(keep, g, zero)?;
+    let out = b.select(stop, zero, g)?;
     b.output(out)
 }
 
-/// softshrink / hardshrink (and their backwards with `grad` first).
+/// softshrink / hardshrink (and their backwards with `grad` first). Values
+/// inside [-lambd, lambd] shrink to zero, so a NaN stays NaN, as in ATen;
+/// the backwards pass the gradient only outside it (a NaN input gets 0, as
+/// ATen's vectorised kernels give).
 fn shrink(b: &mut Builder, soft: bool, pass: Pass) -> Result<()> {
     let xi = pass.first_arg();
     let x = b.tensor(xi)?;
@@ -384,13 +388,17 @@ fn shrink(b: &mut Builder, soft: bool, pass: Pass) -> Result<()> {
         let g = b.tensor(0)?;
         let g = b.convert(g, dtype);
         b.select(outside, g, zero)?
-    } else if soft {
-        let xm = b.sub(x, l)?;
-        let xp = b.add(x, l)?;
-        let v = b.select(above, xm, zero)?;
-        b.select(below, xp, v)?
     } else {
-        b.select(outside, x, zero)?
+        let nan = b.is_nan(x)?;
+        let rest = b.select(nan, x, zero)?;
+        if soft {
+            let xm = b.sub(x, l)?;
+            let xp = b.add(x, l)?;
+            let v = b.select(above, xm, rest)?;
+            b.select(below, xp, v)?
+        } else {
+            b.select(outside, x, rest)?
+        }
     };
     b.output(out)
 }

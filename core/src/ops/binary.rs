@@ -58,7 +58,22 @@ fn rsub(b: &mut Builder) -> Result<()> {
 fn promoted(b: &mut Builder, op: BinaryOp, form: Form) -> Result<()> {
     let dtype = result_type(b, &[0, 1])?;
     let (x, y) = operand_pair(b, (0, 1), dtype)?;
-    let out = b.binary(op, x, y)?;
+    let is_mask = |b: &Builder, i: usize| matches!(b.arg(i), Ok(Arg::Tensor(t)) if t.view.dtype == DType::Bool);
+    let mask = [0, 1].into_iter().find(|&i| is_mask(b, i));
+    let out = match mask {
+        Some(i) if op == BinaryOp::Mul && is_float(dtype) => {
+            // XLA rewrites a float times a converted bool as a select of 0,
+            // which loses inf * 0 = NaN (autograd's masked gradients, amax's
+            // among them, would drop NaN); a select of x * 0 keeps it.
+            let other = if i == 0 { y } else { x };
+            let keep = b.tensor(i)?;
+            let keep = b.broadcast_to(keep, &b.dims(other))?;
+            let zero = b.float_like(0.0, other);
+            let masked = b.mul(other, zero)?;
+            b.select(keep, other, masked)?
+        }
+        _ => b.binary(op, x, y)?,
+    };
     finish(b, form, out)
 }
 
@@ -190,7 +205,15 @@ fn binary(b: &mut Builder, f: Binary, form: Form) -> Result<()> {
             let xx = b.mul(x, x)?;
             let yy = b.mul(y, y)?;
             let s = b.add(xx, yy)?;
-            b.unary(UnaryOp::Sqrt, s)
+            let h = b.unary(UnaryOp::Sqrt, s);
+            // An infinite side gives inf, even against NaN (C's hypot).
+            let inf = b.float_like(f64::INFINITY, h);
+            let ax = b.unary(UnaryOp::Abs, x);
+            let ay = b.unary(UnaryOp::Abs, y);
+            let x_inf = b.compare(CompareDir::Eq, ax, inf)?;
+            let y_inf = b.compare(CompareDir::Eq, ay, inf)?;
+            let any_inf = b.binary(BinaryOp::Or, x_inf, y_inf)?;
+            b.select(any_inf, inf, h)?
         }
         BitwiseAnd => b.binary(BinaryOp::And, x, y)?,
         BitwiseOr => b.binary(BinaryOp::Or, x, y)?,

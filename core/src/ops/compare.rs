@@ -1,7 +1,9 @@
 //! Comparisons and selection: eq/ne/lt/le/gt/ge, maximum/minimum, clamp,
 //! where; value tests (isnan, isinf, signbit) and set membership (isin).
 
-use super::{broadcast_all, finish, is_float, operand, operand_pair, result_type, Form, OpDef};
+use super::{
+    broadcast_all, finish, is_float, operand, operand_pair, result_type, Arith, Form, OpDef,
+};
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -14,14 +16,21 @@ fn compare(b: &mut Builder, dir: CompareDir) -> Result<()> {
     b.output(out)
 }
 
+/// maximum/minimum: NaN where either operand is NaN.
 fn min_max(b: &mut Builder, op: BinaryOp) -> Result<()> {
     let dtype = result_type(b, &[0, 1])?;
     let (x, y) = operand_pair(b, (0, 1), dtype)?;
-    let out = b.binary(op, x, y)?;
+    let out = if op == BinaryOp::Max {
+        b.maximum(x, y)?
+    } else {
+        b.minimum(x, y)?
+    };
     b.output(out)
 }
 
-/// clamp(self, min, max) with Scalar or Tensor bounds, either optional.
+/// clamp(self, min, max) with Scalar or Tensor bounds, either optional: as
+/// minimum(maximum(self, min), max), so a NaN in self or in a bound gives
+/// NaN, as in torch.
 fn clamp(
     b: &mut Builder,
     min_index: Option<usize>,
@@ -41,13 +50,17 @@ fn clamp(
     let indices: Vec<usize> = [Some(0), lo, hi].into_iter().flatten().collect();
     let dtype = result_type(b, &indices)?;
     let mut x = operand(b, 0, dtype)?;
-    for (bound, op) in [(lo, BinaryOp::Max), (hi, BinaryOp::Min)] {
+    for (bound, upper) in [(lo, false), (hi, true)] {
         if let Some(i) = bound {
             let m = operand(b, i, dtype)?;
             let [xb, mb] = broadcast_all(b, &[x, m])?[..] else {
                 unreachable!("two values in, two out")
             };
-            x = b.binary(op, xb, mb)?;
+            x = if upper {
+                b.minimum(xb, mb)?
+            } else {
+                b.maximum(xb, mb)?
+            };
         }
     }
     finish(b, form, x)

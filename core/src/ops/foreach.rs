@@ -1,7 +1,7 @@
 //! `_foreach_*` ops, as the optimizers call them: one program updates every
 //! tensor of the list.
 
-use super::{can_cast, is_float, is_integral, promote_types, Form, OpDef};
+use super::{can_cast, is_float, is_integral, promote_types, Arith, Form, OpDef};
 use crate::builder::{Arg, Builder, TensorArg};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -120,7 +120,12 @@ fn binary(b: &mut Builder, op: BinaryOp, other: Other, form: Form) -> Result<()>
             let a = scalar_value(b, alpha, dtype, &dims)?;
             y = b.binary(BinaryOp::Mul, y, a)?;
         }
-        let out = b.binary(op, x, y)?;
+        // maximum propagates NaN, as torch._foreach_maximum does.
+        let out = if op == BinaryOp::Max {
+            b.maximum(x, y)?
+        } else {
+            b.binary(op, x, y)?
+        };
         store(b, form, target, out)?;
     }
     Ok(())

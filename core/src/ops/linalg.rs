@@ -3,7 +3,8 @@
 
 use super::{
     accumulate_dtype, all_dims, binary_operands, broadcast_scalar, ensure, finish, is_float,
-    keep_dims, reduce_dims, reduced, require_float, wrap_dim, wrap_dims, Arith, Form, OpDef,
+    keep_dims, reduce_dims, reduce_extreme, reduced, require_float, wrap_dim, wrap_dims, Arith,
+    Form, OpDef,
 };
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
@@ -223,10 +224,14 @@ fn vector_norm(b: &mut Builder) -> Result<()> {
     let x = b.tensor(0)?;
     let x = b.convert(x, dtype);
     let a = b.unary(UnaryOp::Abs, x);
-    let out = if ord == f64::INFINITY {
-        reduced(b, a, ReduceOp::Max, &dims, keepdim, &view.sizes)?
-    } else if ord == f64::NEG_INFINITY {
-        reduced(b, a, ReduceOp::Min, &dims, keepdim, &view.sizes)?
+    let out = if ord.is_infinite() {
+        let op = if ord > 0.0 {
+            ReduceOp::Max
+        } else {
+            ReduceOp::Min
+        };
+        let m = reduce_extreme(b, a, op, &dims)?;
+        keep_dims(b, m, &view.sizes, &dims, keepdim)?
     } else if ord == 0.0 {
         let zero = b.constant(Literal::Int(0), dtype, &view.sizes);
         let nz = b.compare(CompareDir::Ne, a, zero)?;
@@ -286,10 +291,13 @@ fn norm(b: &mut Builder, dim_index: Option<usize>, dtype_index: Option<usize>) -
     let x = b.tensor(0)?;
     let x = b.convert(x, acc);
     let a = b.unary(UnaryOp::Abs, x);
-    let out = if p == f64::INFINITY {
-        b.reduce(a, ReduceOp::Max, &dims)
-    } else if p == f64::NEG_INFINITY {
-        b.reduce(a, ReduceOp::Min, &dims)
+    let out = if p.is_infinite() {
+        let op = if p > 0.0 {
+            ReduceOp::Max
+        } else {
+            ReduceOp::Min
+        };
+        reduce_extreme(b, a, op, &dims)?
     } else if p == 0.0 {
         let zero = b.float_like(0.0, a);
         let nz = b.compare(CompareDir::Ne, a, zero)?;

@@ -508,6 +508,25 @@ pub(crate) fn reduced(
     keep_dims(b, out, sizes, dims, keepdim)
 }
 
+/// `x` reduced by `op` (Max or Min) over `dims` with torch's NaN rule: a
+/// reduced slice that holds a NaN gives NaN. XLA's CPU reductions skip NaN,
+/// so the NaNs are counted apart and selected in.
+pub(crate) fn reduce_extreme(
+    b: &mut Builder,
+    x: ValueId,
+    op: ReduceOp,
+    dims: &[i64],
+) -> Result<ValueId> {
+    let out = b.reduce(x, op, dims);
+    if dims.is_empty() || !is_float(b.dtype(x)) {
+        return Ok(out);
+    }
+    let nan = b.is_nan(x)?;
+    let any_nan = b.reduce(nan, ReduceOp::Or, dims);
+    let nan_value = b.float_like(f64::NAN, out);
+    b.select(any_nan, nan_value, out)
+}
+
 /// Scalar argument `index` as `dtype`, broadcast to `dims`.
 pub(crate) fn broadcast_scalar(
     b: &mut Builder,
@@ -559,6 +578,10 @@ pub(crate) trait Arith {
     fn div(&mut self, x: ValueId, y: ValueId) -> Result<ValueId>;
     /// `x != x`.
     fn is_nan(&mut self, x: ValueId) -> Result<ValueId>;
+    /// torch.maximum: the larger operand, NaN where either is NaN.
+    fn maximum(&mut self, x: ValueId, y: ValueId) -> Result<ValueId>;
+    /// torch.minimum: the smaller operand, NaN where either is NaN.
+    fn minimum(&mut self, x: ValueId, y: ValueId) -> Result<ValueId>;
     /// The float constant `v` in the dtype and shape of `like`.
     fn float_like(&mut self, v: f64, like: ValueId) -> ValueId;
 }
@@ -579,10 +602,31 @@ impl Arith for Builder<'_> {
     fn is_nan(&mut self, x: ValueId) -> Result<ValueId> {
         self.compare(CompareDir::Ne, x, x)
     }
+    fn maximum(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        nan_propagating(self, BinaryOp::Max, x, y)
+    }
+    fn minimum(&mut self, x: ValueId, y: ValueId) -> Result<ValueId> {
+        nan_propagating(self, BinaryOp::Min, x, y)
+    }
     fn float_like(&mut self, v: f64, like: ValueId) -> ValueId {
         let (dtype, dims) = (self.dtype(like), self.dims(like));
         self.constant(Literal::Float(v), dtype, &dims)
     }
+}
+
+/// `op` (Max or Min) of `x` and `y`, NaN where either is NaN, as torch's
+/// max/min are everywhere. XLA's CPU max/min return one of the operands
+/// when one is NaN (which, depends on the order), so float NaNs are
+/// selected in explicitly; XLA folds the test away for constant operands.
+fn nan_propagating(b: &mut Builder, op: BinaryOp, x: ValueId, y: ValueId) -> Result<ValueId> {
+    let out = b.binary(op, x, y)?;
+    if !is_float(b.dtype(out)) {
+        return Ok(out);
+    }
+    let x_nan = b.is_nan(x)?;
+    let out = b.select(x_nan, x, out)?;
+    let y_nan = b.is_nan(y)?;
+    b.select(y_nan, y, out)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! arithmetic exactly; backwards scatter-add into the input.
 
 use super::index::{host_values, plane_positions};
-use super::{accumulate_dtype, ensure, float_input, output_as, OpDef};
+use super::{accumulate_dtype, ensure, float_input, output_as, Arith, OpDef};
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::Result;
@@ -255,7 +255,22 @@ fn max_pool(b: &mut Builder) -> Result<()> {
     // Window positions increase with the spatial index, so the smallest
     // spatial index among the maxima is the first maximum, as ATen picks.
     let candidates = b.select(is_best, spatial, big)?;
-    let index = b.reduce(candidates, ReduceOp::Min, &[3, 4]);
+    // ATen's scan takes every NaN it meets: a window holding NaN gives NaN
+    // at its last NaN. NaNs are candidates as -1 - spatial, below every
+    // maximum's, so one min finds both (and says which it found).
+    let nan = b.is_nan(values)?;
+    let minus_one = b.constant(Literal::Int(-1), DType::I64, &shape);
+    let nan_code = b.sub(minus_one, spatial)?;
+    let candidates = b.select(nan, nan_code, candidates)?;
+    let found = b.reduce(candidates, ReduceOp::Min, &[3, 4]);
+    let out_dims = b.dims(found);
+    let zero = b.constant(Literal::Int(0), DType::I64, &out_dims);
+    let has_nan = b.compare(CompareDir::Lt, found, zero)?;
+    let minus_one = b.constant(Literal::Int(-1), DType::I64, &out_dims);
+    let last_nan = b.sub(minus_one, found)?;
+    let index = b.select(has_nan, last_nan, found)?;
+    let nan_value = b.float_like(f64::NAN, best);
+    let best = b.select(has_nan, nan_value, best)?;
     output_as(b, &out_sizes(&sizes, g.out), &[best, index])
 }
 

@@ -4,7 +4,7 @@
 
 use super::{
     accumulate_dtype, all_dims, at_least_1d, finish, is_float, is_integral, keep_dims,
-    keepdim_shape, output_as, reduce_dims, reduced, reduced_shape, require_float,
+    keepdim_shape, output_as, reduce_dims, reduce_extreme, reduced, reduced_shape, require_float,
     require_nonempty_dim, wrap_dim, wrap_dims, Arith, Form, OpDef,
 };
 use crate::builder::{Arg, Builder};
@@ -73,7 +73,8 @@ fn amax_amin(b: &mut Builder, op: ReduceOp) -> Result<()> {
     }
     let keepdim = b.num_args() > 2 && b.bool_arg(2)?;
     let x = b.tensor(0)?;
-    let out = reduced(b, x, op, &dims, keepdim, &input.sizes)?;
+    let out = reduce_extreme(b, x, op, &dims)?;
+    let out = keep_dims(b, out, &input.sizes, &dims, keepdim)?;
     b.output(out)
 }
 
@@ -107,7 +108,8 @@ fn arg_extreme(b: &mut Builder, op: ReduceOp) -> Result<()> {
     b.output(out)
 }
 
-/// The extreme of `x` along `d` and the first index where it occurs.
+/// The extreme of `x` along `d` and the first index where it occurs; as in
+/// torch, a NaN is the extreme of both kinds, so the first NaN wins.
 fn extreme_and_index(
     b: &mut Builder,
     x: ValueId,
@@ -115,10 +117,18 @@ fn extreme_and_index(
     d: usize,
 ) -> Result<(ValueId, ValueId)> {
     let work = b.dims(x);
-    let extreme = b.reduce(x, op, &[d as i64]);
+    let extreme = reduce_extreme(b, x, op, &[d as i64])?;
     let keep: Vec<i64> = (0..work.len() as i64).filter(|&k| k != d as i64).collect();
     let eb = b.broadcast_in_dim(extreme, &work, &keep);
     let hit = b.compare(CompareDir::Eq, x, eb)?;
+    // A NaN never equals the (then NaN) extreme; where there is none, no
+    // element is NaN and this adds nothing.
+    let hit = if is_float(b.dtype(x)) {
+        let nan = b.is_nan(x)?;
+        b.binary(BinaryOp::Or, hit, nan)?
+    } else {
+        hit
+    };
     let iota = b.iota(DType::I64, &work, d);
     let big = b.constant(Literal::Int(i64::MAX), DType::I64, &work);
     let candidates = b.select(hit, iota, big)?;
@@ -126,10 +136,12 @@ fn extreme_and_index(
     Ok((extreme, index))
 }
 
-/// var/std (and their `_mean` forms) with Bessel's `correction`.
+/// var/std (and their `_mean` forms) with Bessel's `correction`; 16-bit
+/// floats compute in float32 and round once, as ATen's CPU kernels do.
 fn var_std(b: &mut Builder, std: bool, with_mean: bool) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
     require_float(b, "input", view.dtype)?;
+    let acc = accumulate_dtype(view.dtype);
     let dims = reduce_dims(b, 1, view.sizes.len())?;
     let correction = match b.arg(2) {
         Ok(Arg::None) | Err(_) => 1.0,
@@ -141,8 +153,9 @@ fn var_std(b: &mut Builder, std: bool, with_mean: bool) -> Result<()> {
         .map(|&d| view.sizes.get(d as usize).copied().unwrap_or(1))
         .product();
     let x = b.tensor(0)?;
+    let x = b.convert(x, acc);
     let sum = b.reduce(x, ReduceOp::Sum, &dims);
-    let n = b.constant(Literal::Int(count), view.dtype, &b.dims(sum));
+    let n = b.constant(Literal::Int(count), acc, &b.dims(sum));
     let mean = b.binary(BinaryOp::Div, sum, n)?;
     let keep: Vec<i64> = (0..view.sizes.len() as i64)
         .filter(|d| !dims.contains(d))
@@ -154,16 +167,18 @@ fn var_std(b: &mut Builder, std: bool, with_mean: bool) -> Result<()> {
     // Division by max(0, n - correction), as ATen does (0 gives inf/nan).
     let denom = b.constant(
         Literal::Float((count as f64 - correction).max(0.0)),
-        view.dtype,
+        acc,
         &b.dims(ss),
     );
     let mut v = b.binary(BinaryOp::Div, ss, denom)?;
     if std {
         v = b.unary(UnaryOp::Sqrt, v);
     }
+    let v = b.convert(v, view.dtype);
     let v = keep_dims(b, v, &view.sizes, &dims, keepdim)?;
     b.output(v)?;
     if with_mean {
+        let mean = b.convert(mean, view.dtype);
         let m = keep_dims(b, mean, &view.sizes, &dims, keepdim)?;
         b.output(m)?;
     }
@@ -171,7 +186,8 @@ fn var_std(b: &mut Builder, std: bool, with_mean: bool) -> Result<()> {
 }
 
 /// logsumexp(self, dim, keepdim), shifted by the max (0 where it is
-/// infinite, so all -inf rows give -inf, not nan).
+/// infinite, so all -inf rows give -inf, not nan). A NaN the max skips
+/// still reaches the sum, so a row holding one gives NaN, as in torch.
 fn logsumexp(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
     let dtype = if is_float(view.dtype) {
@@ -261,7 +277,7 @@ fn extreme_all(b: &mut Builder, op: ReduceOp) -> Result<()> {
         ));
     }
     let x = b.tensor(0)?;
-    let out = b.reduce(x, op, &(0..view.sizes.len() as i64).collect::<Vec<_>>());
+    let out = reduce_extreme(b, x, op, &all_dims(view.sizes.len()))?;
     b.output(out)
 }
 
@@ -377,7 +393,7 @@ fn aminmax(b: &mut Builder) -> Result<()> {
     };
     let x = b.tensor(0)?;
     for op in [ReduceOp::Min, ReduceOp::Max] {
-        let r = b.reduce(x, op, &reduce);
+        let r = reduce_extreme(b, x, op, &reduce)?;
         let r = keep_dims(b, r, &view.sizes, &dims, keepdim)?;
         b.output(r)?;
     }

@@ -172,6 +172,15 @@ pub(super) fn reduce_into(
         b.select(hit, id, xf)?
     };
     let mut out = b.flat_scatter(base, idx, src, Some(op));
+    if matches!(op, ReduceOp::Max | ReduceOp::Min) && is_float(view.dtype) {
+        // A NaN from self or src makes its position NaN, as in ATen; XLA's
+        // combiner skips it, so the NaNs are scattered apart and selected in.
+        let base_nan = b.is_nan(base)?;
+        let src_nan = b.is_nan(src)?;
+        let nan = b.flat_scatter(base_nan, idx, src_nan, Some(ReduceOp::Or));
+        let nan_value = b.float_like(f64::NAN, out);
+        out = b.select(nan, nan_value, out)?;
+    }
     if reduce == "mean" {
         let count = b.convert(hits, view.dtype);
         let count = if include_self {

@@ -3,13 +3,13 @@
 
 use super::index::plane_positions;
 use super::{
-    at_least_1d, ensure, operand, output_as, reduced_shape, require_nonempty_dim, result_type,
-    wrap_dim, OpDef,
+    at_least_1d, ensure, is_float, operand, output_as, reduced_shape, require_nonempty_dim,
+    result_type, wrap_dim, Arith, OpDef,
 };
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
+use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, UnaryOp, ValueId};
 
 /// sort(self, dim, descending) or sort.stable(self, *, stable, dim,
 /// descending): (values, indices); the sort is always stable.
@@ -62,7 +62,8 @@ fn topk(b: &mut Builder) -> Result<()> {
 }
 
 /// kthvalue(self, k, dim, keepdim) and median.dim(self, dim, keepdim):
-/// (value, index) from a stable sort; median is the lower middle.
+/// (value, index) from a stable sort; median is the lower middle, or NaN at
+/// the first NaN of a row that holds one, as in torch.
 fn order_statistic(b: &mut Builder, median: bool) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
     let work = at_least_1d(&view.sizes);
@@ -82,14 +83,28 @@ fn order_statistic(b: &mut Builder, median: bool) -> Result<()> {
         ));
     }
     let keepdim = b.bool_arg(keep_index)?;
-    let (_, values, indices) = sorted(b, &work, d, false)?;
+    let (x, values, indices) = sorted(b, &work, d, false)?;
     let mut start = vec![0; work.len()];
     start[d] = kth;
     let mut limit = work.clone();
     limit[d] = kth + 1;
     let ones = vec![1; work.len()];
-    let v = b.slice(values, &start, &limit, &ones);
-    let i = b.slice(indices, &start, &limit, &ones);
+    let mut v = b.slice(values, &start, &limit, &ones);
+    let mut i = b.slice(indices, &start, &limit, &ones);
+    if median && is_float(view.dtype) {
+        let nan = b.is_nan(x)?;
+        let position = b.iota(DType::I64, &work, d);
+        let big = b.constant(Literal::Int(i64::MAX), DType::I64, &work);
+        let nan_position = b.select(nan, position, big)?;
+        let picked = b.dims(v);
+        let first_nan = b.reduce(nan_position, ReduceOp::Min, &[d as i64]);
+        let first_nan = b.reshape(first_nan, &picked)?;
+        let any_nan = b.reduce(nan, ReduceOp::Or, &[d as i64]);
+        let any_nan = b.reshape(any_nan, &picked)?;
+        let nan_value = b.float_like(f64::NAN, v);
+        v = b.select(any_nan, nan_value, v)?;
+        i = b.select(any_nan, first_nan, i)?;
+    }
     output_as(b, &reduced_shape(&view.sizes, d, keepdim), &[v, i])
 }
 
@@ -170,7 +185,9 @@ fn nanmedian(b: &mut Builder, with_dim: bool) -> Result<()> {
 /// bucketize.Tensor(self, boundaries, *, out_int32, right) and
 /// searchsorted.Tensor(sorted_sequence, self, *, out_int32, right, side,
 /// sorter?): how many boundaries lie below each value (left) or at or below
-/// it (right), per row of an N-D sequence.
+/// it (right), per row of an N-D sequence. Counted as boundaries not at or
+/// above (not above) the value, the test ATen's binary search makes, so a
+/// NaN value lands after every boundary.
 fn bucket(b: &mut Builder, searchsorted: bool) -> Result<()> {
     let (values_index, seq_index) = if searchsorted { (1, 0) } else { (0, 1) };
     // bucketize(self, boundaries, *, out_int32, right); searchsorted(seq,
@@ -224,15 +241,16 @@ fn bucket(b: &mut Builder, searchsorted: bool) -> Result<()> {
         keep.push(vdims.len() as i64);
         b.broadcast_in_dim(s, &full, &keep)
     };
-    let below = b.compare(
+    let above = b.compare(
         if right {
-            CompareDir::Le
+            CompareDir::Gt
         } else {
-            CompareDir::Lt
+            CompareDir::Ge
         },
         sb,
         vb,
     )?;
+    let below = b.unary(UnaryOp::Not, above);
     let count = b.convert(below, DType::I64);
     let out = b.reduce(count, ReduceOp::Sum, &[vdims.len() as i64]);
     let out = if out_int32 {

@@ -6,7 +6,7 @@ use super::{accumulate_dtype, ensure, finish, is_float, is_integral, Arith, Form
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, CompareDir, Literal, UnaryOp, ValueId};
+use crate::ir::{CompareDir, Literal, UnaryOp, ValueId};
 
 /// Unary float functions; integer and bool inputs compute in float32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,9 +168,9 @@ fn composite_unary(
             let three = b.float_like(3.0, x);
             let t = b.add(x, three)?;
             let zero = b.float_like(0.0, x);
-            let t = b.binary(BinaryOp::Max, t, zero)?;
+            let t = b.maximum(t, zero)?;
             let six = b.float_like(6.0, x);
-            let t = b.binary(BinaryOp::Min, t, six)?;
+            let t = b.minimum(t, six)?;
             let six = b.float_like(6.0, x);
             b.div(t, six)?
         }
@@ -240,7 +240,7 @@ fn rounding(b: &mut Builder, kind: Rounding, form: Form) -> Result<()> {
             Rounding::Floor => b.unary(UnaryOp::Floor, x),
             Rounding::Ceil => b.unary(UnaryOp::Ceil, x),
             Rounding::Round => b.unary(UnaryOp::RoundNearestEven, x),
-            Rounding::Sign => b.unary(UnaryOp::Sign, x),
+            Rounding::Sign => sign(b, x)?,
             Rounding::Trunc | Rounding::Frac => {
                 let t = trunc(b, x)?;
                 if kind == Rounding::Frac {
@@ -252,6 +252,18 @@ fn rounding(b: &mut Builder, kind: Rounding, form: Form) -> Result<()> {
         }
     };
     finish(b, form, out)
+}
+
+/// torch.sign of a float: (x > 0) - (x < 0), so NaN and -0.0 give +0.0
+/// (stablehlo.sign keeps both).
+fn sign(b: &mut Builder, x: ValueId) -> Result<ValueId> {
+    let zero = b.float_like(0.0, x);
+    let positive = b.compare(CompareDir::Gt, x, zero)?;
+    let negative = b.compare(CompareDir::Lt, x, zero)?;
+    let one = b.float_like(1.0, x);
+    let minus_one = b.float_like(-1.0, x);
+    let out = b.select(negative, minus_one, zero)?;
+    b.select(positive, one, out)
 }
 
 /// trunc(x) = sign(x) * floor(|x|), for floats.
@@ -282,7 +294,7 @@ fn reject_bool(b: &Builder, x: ValueId, expected: &str) -> Result<()> {
 fn relu(b: &mut Builder, x: ValueId) -> Result<ValueId> {
     reject_bool(b, x, "a numeric tensor")?;
     let zero = b.constant(Literal::Int(0), b.dtype(x), &b.dims(x));
-    b.binary(BinaryOp::Max, x, zero)
+    b.maximum(x, zero)
 }
 
 fn neg(b: &mut Builder, x: ValueId) -> Result<ValueId> {
@@ -375,8 +387,8 @@ fn logit(b: &mut Builder, form: Form) -> Result<()> {
             let eps = b.float_arg(1)?;
             let lo = b.float_like(eps, x);
             let hi = b.float_like(1.0 - eps, x);
-            let z = b.binary(BinaryOp::Max, x, lo)?;
-            b.binary(BinaryOp::Min, z, hi)?
+            let z = b.maximum(x, lo)?;
+            b.minimum(z, hi)?
         }
     };
     let one = b.float_like(1.0, z);
