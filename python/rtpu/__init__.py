@@ -13,6 +13,13 @@ import sys
 
 from . import _plugin
 
+
+def _autoload() -> None:
+    """The `torch.backends` entry point; importing rtpu did the work. Defined
+    before torch is imported: `import rtpu` first makes torch autoload this
+    very module while it is still initialising."""
+
+
 _plugin.configure()
 
 import torch  # noqa: E402  (the plugin must be chosen before torch loads us)
@@ -72,10 +79,6 @@ def _print_through_host() -> None:
 
 
 _initialize()
-
-
-def _autoload() -> None:
-    """The `torch.backends` entry point; importing rtpu did the work."""
 
 
 def metrics() -> dict:

@@ -30,6 +30,13 @@ def test_import_torch_autoloads_rtpu():
     assert "True tpu" in result.stdout
 
 
+def test_import_rtpu_first_works_as_well():
+    # torch, imported by rtpu, autoloads rtpu while it is half initialised.
+    result = run("import rtpu, torch\nprint(torch.ones(2, device='tpu').cpu())\n")
+    assert result.returncode == 0, result.stderr
+    assert "tensor([1., 1.])" in result.stdout
+
+
 def test_autoload_can_be_disabled():
     result = run(
         "import sys, torch\n"
