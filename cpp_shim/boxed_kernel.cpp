@@ -5,6 +5,7 @@
 #include "rtpu_torch.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/op_registration/adaption.h>
 #include <ATen/native/Resize.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -13,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace rtpu_torch {
 namespace {
@@ -67,7 +69,10 @@ c10::Device op_device(c10::ArrayRef<c10::IValue> args) {
 class ArgConverter {
  public:
   ArgConverter(const c10::FunctionSchema& schema, c10::Device device)
-      : schema_(schema), device_(device) {}
+      : schema_(schema),
+        device_(device),
+        op_name_(c10::toString(schema.operator_name())),
+        cpu_indices_(kCpuIndexOps.count(schema.name()) != 0) {}
 
   std::vector<rtpu_op_arg> convert(c10::ArrayRef<c10::IValue> values) {
     std::vector<rtpu_op_arg> args;
@@ -106,8 +111,8 @@ class ArgConverter {
   }
 
   // A tensor as rtpu sees it: tpu tensors as they are (lazy conj/neg bits
-  // resolved); CPU tensors copied to the op's device. `nullopt` when the
-  // tensor is undefined.
+  // resolved); the CPU tensors check_device lets in, copied to the op's
+  // device. `nullopt` when the tensor is undefined.
   std::optional<rtpu_tensor_ref> device_tensor(
       const c10::Argument& arg,
       at::Tensor t) {
@@ -115,6 +120,7 @@ class ArgConverter {
       return std::nullopt;
     }
     if (t.device().type() == kDevice) {
+      check_device(arg, t);
       if (t.is_conj() || t.is_neg()) {
         TORCH_CHECK(
             !is_write(arg),
@@ -131,23 +137,28 @@ class ArgConverter {
       return tensor_ref(t);
     }
     TORCH_CHECK(
-        t.is_cpu(),
-        "rtpu: ",
-        schema_.operator_name(),
-        ": argument '",
-        arg.name(),
-        "' is on ",
-        t.device(),
-        "; expected tpu or cpu");
-    TORCH_CHECK(
-        !is_write(arg),
+        !(t.is_cpu() && is_write(arg)),
         "rtpu: ",
         schema_.operator_name(),
         " writes into '",
         arg.name(),
         "', which is on cpu; move it to tpu first");
+    check_device(arg, t);
     keep_alive_.push_back(to_device(t, device_));
     return tensor_ref(keep_alive_.back());
+  }
+
+  // CUDA's rule, with CUDA's message: every tensor is on the op's device,
+  // except CPU tensors of 0 dims (scalars, as TensorIterator takes them) and
+  // the CPU index tensors of advanced indexing (`x[i]`, `x[i] = v`).
+  void check_device(const c10::Argument& arg, const at::Tensor& t) const {
+    if (t.device() == device_ ||
+        (t.is_cpu() &&
+         (t.dim() == 0 || (cpu_indices_ && arg.name() == "indices")))) {
+      return;
+    }
+    c10::impl::common_device_check_failure(
+        device_, t, op_name_.c_str(), arg.name().c_str());
   }
 
   rtpu_op_arg scalar(const c10::Argument& arg, const c10::IValue& value) {
@@ -354,8 +365,15 @@ class ArgConverter {
     }
   }
 
+  // The ops whose `indices` may be CPU tensors, as on CUDA.
+  inline static const std::unordered_set<std::string> kCpuIndexOps = {
+      "aten::index", "aten::index_put", "aten::index_put_",
+      "aten::_index_put_impl_"};
+
   const c10::FunctionSchema& schema_;
   const c10::Device device_;
+  const std::string op_name_;
+  const bool cpu_indices_;
   // Deques: elements never move, so pointers into them stay valid.
   std::deque<at::Tensor> keep_alive_;
   std::deque<std::vector<rtpu_tensor_ref>> tensor_lists_;

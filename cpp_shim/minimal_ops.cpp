@@ -1,6 +1,7 @@
 // The ops every PrivateUse1 device implements itself: allocation, views
 // (ATen's own metadata-only kernels), resizing, copies across devices,
-// reading a scalar, and set_. Everything numeric goes to the core.
+// reading a scalar, set_, and whether Module.to may swap a parameter's data
+// in place. Everything numeric goes to the core.
 
 #include "rtpu_torch.h"
 
@@ -267,6 +268,31 @@ at::Tensor& set_empty(at::Tensor& self) {
   return self.set_(std::move(storage), 0, {0}, {});
 }
 
+// Module._apply (`model.to("tpu")`, `.tpu()`, `.cpu()`) swaps a parameter's
+// data in place, keeping the Parameter object (and so tied weights and the
+// optimizer's references), only when this says yes; otherwise it makes new
+// Parameters. c10's TensorImpl::has_compatible_shallow_copy_type says yes
+// for dense tensors of the backends it lists (CPU, CUDA, ...) and leaves
+// PrivateUse1 to its backend. A tpu tensor is a plain dense TensorImpl, as a
+// CPU one is, so c10's rule answers with its backend read as CPU. The rule
+// is symmetric, so it is asked of whichever side is not a tpu tensor; two
+// tpu tensors are both dense.
+bool has_compatible_shallow_copy_type(
+    const at::Tensor& self,
+    const at::Tensor& from) {
+  constexpr auto kTpuBit = c10::BackendComponent::PrivateUse1Bit;
+  const bool self_tpu = self.key_set().has_backend(kTpuBit);
+  const bool from_tpu = from.key_set().has_backend(kTpuBit);
+  if (self_tpu && from_tpu) {
+    return true;
+  }
+  const at::Tensor& other = self_tpu ? from : self;
+  const c10::DispatchKeySet tpu_keys = (self_tpu ? self : from).key_set();
+  return other.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(
+      tpu_keys.remove_backend(kTpuBit) |
+      c10::DispatchKeySet(c10::BackendComponent::CPUBit));
+}
+
 } // namespace
 
 // The ops this file implements, as X(overload name, kernel): listed once for
@@ -287,7 +313,8 @@ at::Tensor& set_empty(at::Tensor& self) {
   X("set_.source_Storage", set_source_storage)                        \
   X("set_.source_Storage_storage_offset", set_storage)                \
   X("set_.source_Tensor", set_source_tensor)                          \
-  X("set_", set_empty)
+  X("set_", set_empty)                                                \
+  X("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type)
 
 const std::unordered_set<std::string>& shim_op_names() {
 #define RTPU_SCHEMA_NAME(name, kernel) "aten::" name,

@@ -25,7 +25,8 @@ constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
 
 // ----- runtime.cpp ---------------------------------------------------------
 
-// The process's runtime, opened on first use from $RTPU_PLUGIN. Throws a
+// The process's runtime, opened on first use from $RTPU_PLUGIN, else the
+// plugin the shim finds itself (runtime.cpp, `plugin_path`). Throws a
 // c10::Error when the plugin cannot be opened. Thread-safe.
 const rtpu_runtime* runtime();
 

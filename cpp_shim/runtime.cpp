@@ -1,14 +1,21 @@
-// The one rtpu runtime of the process, opened lazily from $RTPU_PLUGIN.
+// The one rtpu runtime of the process, opened lazily from the plugin
+// `plugin_path` finds.
 
 #include "rtpu_torch.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <dlfcn.h>
 #include <pthread.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace rtpu_torch {
 namespace {
@@ -27,6 +34,69 @@ void mark_forked_child() {
 }
 
 const int g_atfork_registered = pthread_atfork(nullptr, nullptr, mark_forked_child);
+
+namespace fs = std::filesystem;
+
+// The file of the loaded library that holds `symbol`, as it was loaded (not
+// resolved through links).
+fs::path library_of(const void* symbol) {
+  Dl_info info{};
+  if (dladdr(symbol, &info) == 0 || info.dli_fname == nullptr) {
+    return {};
+  }
+  return info.dli_fname;
+}
+
+// The PJRT plugin to open, so a C++ program needs no environment: in order,
+// 1. $RTPU_PLUGIN, when set (a missing file is then the core's error);
+// 2. the path in `plugin-path` beside this library, which scripts/build-shim
+//    writes: the CPU plugin of the Python environment the shim was built in;
+// 3. PyPI xla-cpu-pjrt's plugin in the site-packages that holds the torch
+//    this process loaded (site-packages/torch/lib/libc10.so).
+// When none exists, the error names each place tried.
+std::string plugin_path() {
+  const char* env = std::getenv("RTPU_PLUGIN");
+  if (env != nullptr && env[0] != '\0') {
+    return env;
+  }
+  std::vector<std::string> tried = {"$RTPU_PLUGIN (unset)"};
+  auto found = [&tried](const fs::path& path, const std::string& what) {
+    std::error_code error;
+    if (!path.empty() && fs::is_regular_file(path, error)) {
+      return true;
+    }
+    tried.push_back(path.string() + " (" + what + ": missing)");
+    return false;
+  };
+
+  const fs::path record =
+      library_of(reinterpret_cast<const void*>(&plugin_path)).parent_path() /
+      "plugin-path";
+  std::string recorded;
+  std::getline(std::ifstream(record), recorded);
+  if (recorded.empty()) {
+    tried.push_back(record.string() + " (no plugin recorded at build time)");
+  } else if (found(recorded, "recorded at build time in " + record.string())) {
+    return recorded;
+  }
+
+  const fs::path site_packages =
+      library_of(reinterpret_cast<const void*>(&c10::GetCPUAllocator))
+          .parent_path()
+          .parent_path()
+          .parent_path();
+  const fs::path beside_torch =
+      site_packages / "xla_plugins" / "xla_cpu_pjrt" / "xla_cpu_pjrt.so";
+  if (found(beside_torch, "xla-cpu-pjrt beside torch")) {
+    return beside_torch.string();
+  }
+  TORCH_CHECK(
+      false,
+      "rtpu: no PJRT plugin found. Tried, in order: ",
+      c10::Join("; ", tried),
+      ". Install XLA's CPU plugin (pip install xla-cpu-pjrt) into torch's "
+      "environment, or set RTPU_PLUGIN to a PJRT plugin (.so).");
+}
 
 } // namespace
 
@@ -67,9 +137,10 @@ const rtpu_runtime* runtime() {
       " but librtpu_torch.so was built against ",
       RTPU_ABI_VERSION,
       "; rebuild the shim (scripts/build-shim)");
+  const std::string plugin = plugin_path();
   rtpu_runtime_open_args args{};
   args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
-  args.plugin_path = nullptr; // $RTPU_PLUGIN
+  args.plugin_path = plugin.c_str();
   rtpu_runtime* rt = nullptr;
   check(rtpu_runtime_open(&args, &rt));
   // Never released: storages and generators may outlive any owner we could

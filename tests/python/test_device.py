@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import rtpu
+from conftest import assert_matches_cpu
 
 
 def test_backend_is_registered_as_the_accelerator():
@@ -144,3 +145,88 @@ def test_explicit_generator():
         torch.rand(3, device="tpu", generator=g).cpu(),
         torch.rand(3, device="tpu", generator=clone).cpu(),
     )
+
+
+# ----- mixing devices in one op, as CUDA does ----------------------------------
+
+SAME_DEVICE = "Expected all tensors to be on the same device, but got {arg} is on {other}, different from other tensors on tpu:0"
+
+
+@pytest.mark.parametrize(
+    "op, arg",
+    [
+        (lambda x, c: x + c, "other"),
+        (lambda x, c: torch.add(c, x), "self"),
+        (lambda x, c: x.mul_(c), "other"),
+        (lambda x, c: x.reshape(2, 3) @ c.reshape(3, 2), "mat2"),
+        (lambda x, c: torch.where(x > 0, x, c), "other"),
+        (lambda x, c: torch.cat([x, c]), "tensors"),
+        (lambda x, c: x.index_select(0, c.long().clamp(0, 5)), "index"),
+    ],
+    ids=["add", "add-cpu-first", "mul_", "matmul", "where", "cat", "index_select"],
+)
+def test_a_cpu_tensor_in_a_tpu_op_is_refused_as_on_cuda(op, arg):
+    x = torch.randn(6, generator=torch.Generator().manual_seed(torch.seed()))
+    x_tpu = x.to("tpu")
+    with pytest.raises(RuntimeError, match=SAME_DEVICE.format(arg=arg, other="cpu")):
+        op(x_tpu, torch.ones(6))
+    assert torch.equal(x_tpu.cpu(), x)  # an in-place op wrote nothing
+
+
+def test_zero_dim_cpu_tensors_are_scalars():
+    x = torch.randn(2, 3)
+    two = torch.tensor(2.0)
+    cases = [
+        lambda t: t + two,
+        lambda t: two * t,
+        lambda t: torch.where(t > 0, t, torch.tensor(0.0)),
+        lambda t: t.masked_fill(t < 0, torch.tensor(-1.0)),
+        lambda t: t.clone().add_(torch.tensor(3.0)),
+        lambda t: t.clamp(min=torch.tensor(-0.5), max=torch.tensor(0.5)),
+    ]
+    for case in cases:
+        assert_matches_cpu(case(x.to("tpu")), case(x))
+
+
+def test_cpu_index_tensors_index_tpu_tensors_as_on_cuda():
+    x = torch.randn(10, generator=torch.Generator().manual_seed(torch.seed()))
+    index = torch.tensor([1, 3, 5])
+    mask = x > 0
+    assert_matches_cpu(x.to("tpu")[index], x[index])
+    assert_matches_cpu(x.to("tpu")[mask], x[mask])
+    values = torch.randn(3)
+    for set_values in (
+        lambda t, v: t.__setitem__(index, v),
+        lambda t, v: t.index_put_((index,), v, accumulate=True),
+    ):
+        expected = x.clone()
+        set_values(expected, values)
+        got = x.to("tpu")
+        set_values(got, values.to("tpu"))
+        assert_matches_cpu(got, expected)
+        # A 0-dim CPU value is a scalar there too.
+        expected, got = x.clone(), x.to("tpu")
+        set_values(expected, torch.tensor(7.0))
+        set_values(got, torch.tensor(7.0))
+        assert_matches_cpu(got, expected)
+    # The values themselves must be on the device (or 0-dim).
+    got = x.to("tpu")
+    with pytest.raises(RuntimeError, match=SAME_DEVICE.format(arg="values", other="cpu")):
+        got[index] = values
+    assert torch.equal(got.cpu(), x)
+
+
+def test_copies_between_cpu_and_tpu_still_take_any_cpu_tensor():
+    x = torch.randn(6)
+    t = torch.zeros(6, device="tpu")
+    t.copy_(x)
+    t[2:4] = torch.tensor([7.0, 8.0])
+    expected = x.clone()
+    expected[2:4] = torch.tensor([7.0, 8.0])
+    assert torch.equal(t.cpu(), expected)
+
+
+def test_a_tensor_on_another_tpu_device_is_refused(two_devices):
+    a = torch.ones(3, device="tpu:0")
+    with pytest.raises(RuntimeError, match=SAME_DEVICE.format(arg="other", other="tpu:1")):
+        a + torch.ones(3, device="tpu:1")
