@@ -16,6 +16,7 @@ mod boundary;
 pub mod buffer;
 pub mod cache;
 pub mod error;
+pub mod event;
 pub mod executable;
 pub mod graph;
 pub mod metrics;

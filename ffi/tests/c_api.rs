@@ -164,6 +164,13 @@ fn deferred_execution_and_captured_graphs() {
 }
 
 #[test]
+fn events_mark_query_wait_and_time_device_work() {
+    let exe = out_dir().join("events");
+    compile("cc", "-std=c11", "tests/c/events.c", &exe, &[]);
+    run(&exe, &[]);
+}
+
+#[test]
 fn header_compiles_as_cpp17() {
     let exe = out_dir().join("header_compiles");
     compile(
