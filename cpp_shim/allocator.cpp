@@ -8,8 +8,11 @@
 #include <c10/core/Allocator.h>
 #include <c10/util/Exception.h>
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <mutex>
+#include <string_view>
 #include <unordered_map>
 
 namespace rtpu_torch {
@@ -186,6 +189,14 @@ struct RtpuAllocator final : c10::DeviceAllocator {
     info.struct_size = RTPU_DEVICE_INFO_STRUCT_SIZE;
     check(rtpu_runtime_device_info(
         runtime(), static_cast<size_t>(device), &info));
+    if (!info.has_memory_stats && std::string_view(info.kind) == "cpu") {
+      // The CPU plugin keeps no statistics, and its devices' memory is the
+      // host's.
+      const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+      return {
+          static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * page,
+          static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * page};
+    }
     TORCH_CHECK_NOT_IMPLEMENTED(
         info.has_memory_stats && info.bytes_limit >= 0,
         "rtpu: the plugin keeps no memory statistics for tpu:",

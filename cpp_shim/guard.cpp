@@ -1,22 +1,64 @@
-// Device and stream management for PrivateUse1: the current device is
-// thread-local; each device has one stream. rtpu_op_call returns once the
-// work is enqueued, and the work of a device runs in call order; a host read
-// waits for the value it reads. So one stream never waits on an event of
-// another (there is none), and synchronizing a stream or a device waits for
-// everything enqueued (rtpu_engine_synchronize).
+// Devices, streams and events for PrivateUse1. The current device is
+// thread-local. Each device has one queue of work: rtpu_op_call returns once
+// a program is launched, and PJRT runs a device's programs in launch order.
+// Streams are names for that queue (the default stream 0, and any number of
+// new ones, as torch.Stream() and FSDP2 make), each current per thread, so
+// code written for CUDA streams runs unchanged: every stream's work is the
+// device's, so a stream waiting for another stream or an event of the same
+// device waits for work already ahead of it. An event marks the work
+// launched on its device before it was recorded (rtpu_event_record); query,
+// synchronize and elapsed_time act on that work.
 
 #include "rtpu_torch.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
+#include <memory>
+#include <unordered_map>
+
 namespace rtpu_torch {
 namespace {
 
 thread_local c10::DeviceIndex tl_current_device = 0;
 
-// Any non-NULL value: events carry no state.
-void* const kRecordedEvent = reinterpret_cast<void*>(1);
+// This thread's current stream per device; absent means the default one.
+thread_local std::unordered_map<c10::DeviceIndex, c10::StreamId>
+    tl_current_streams;
+
+// Ids of streams made by getNewStream / getStreamFromGlobalPool; 0 is the
+// default stream's.
+std::atomic<c10::StreamId> g_next_stream_id{1};
+
+c10::Device concrete(c10::Device device) {
+  return device.has_index() ? device : c10::Device(kDevice, tl_current_device);
+}
+
+c10::Stream new_stream(c10::Device device) {
+  return c10::Stream(c10::Stream::UNSAFE, concrete(device), g_next_stream_id++);
+}
+
+struct EventDeleter {
+  void operator()(rtpu_event* event) const {
+    rtpu_event_destroy(event);
+  }
+};
+using EventPtr = std::unique_ptr<rtpu_event, EventDeleter>;
+
+// The work launched on `device` so far.
+EventPtr mark(c10::DeviceIndex device) {
+  check_device_index(device);
+  rtpu_event* event = nullptr;
+  check(rtpu_event_record(runtime(), static_cast<size_t>(device), &event));
+  return EventPtr(event);
+}
+
+bool finished(const rtpu_event* event) {
+  bool done = false;
+  check(rtpu_event_query(event, &done));
+  return done;
+}
 
 struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override {
@@ -46,30 +88,40 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
   }
 
   c10::Stream getStream(c10::Device device) const override {
-    return c10::Stream(c10::Stream::DEFAULT, device);
+    device = concrete(device);
+    const auto current = tl_current_streams.find(device.index());
+    if (current == tl_current_streams.end()) {
+      return getDefaultStream(device);
+    }
+    return c10::Stream(c10::Stream::UNSAFE, device, current->second);
   }
 
   c10::Stream getDefaultStream(c10::Device device) const override {
-    return c10::Stream(c10::Stream::DEFAULT, device);
+    return c10::Stream(c10::Stream::DEFAULT, concrete(device));
   }
 
   c10::Stream getStreamFromGlobalPool(c10::Device device, bool) const override {
-    return c10::Stream(c10::Stream::DEFAULT, device);
+    return new_stream(device);
   }
 
+  // Priorities order nothing: the device has one queue.
   c10::Stream getNewStream(c10::Device device, int) const override {
-    return c10::Stream(c10::Stream::DEFAULT, device);
+    return new_stream(device);
   }
 
   c10::Stream exchangeStream(c10::Stream stream) const override {
-    return c10::Stream(c10::Stream::DEFAULT, stream.device());
+    const c10::Stream previous = getStream(stream.device());
+    tl_current_streams[stream.device_index()] = stream.id();
+    return previous;
   }
 
   c10::DeviceIndex deviceCount() const noexcept override {
     return device_count();
   }
 
-  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    rtpu_event_destroy(static_cast<rtpu_event*>(event));
+  }
 
   void record(
       void** event,
@@ -82,35 +134,48 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
         static_cast<int>(device_index),
         " does not match its stream's device tpu:",
         static_cast<int>(stream.device_index()));
-    *event = kRecordedEvent;
+    EventPtr marked = mark(stream.device_index());
+    // Recording again moves the event to the new point.
+    rtpu_event_destroy(static_cast<rtpu_event*>(*event));
+    *event = marked.release();
   }
 
+  // The stream's work is queued behind the event's already (one queue per
+  // device); across devices, a program waits for the buffers it reads.
   void block(void*, const c10::Stream&) const override {}
 
-  bool queryEvent(void*) const override {
-    return true;
+  bool queryEvent(void* event) const override {
+    // An event never recorded marks no work.
+    return event == nullptr || finished(static_cast<rtpu_event*>(event));
   }
 
-  bool queryStream(const c10::Stream&) const override {
-    return true;
+  bool queryStream(const c10::Stream& stream) const override {
+    return finished(mark(stream.device_index()).get());
   }
 
+  // Runs what deferred mode has pending too, as torch.tpu.synchronize does.
   void synchronizeStream(const c10::Stream&) const override {
     check(rtpu_engine_synchronize());
   }
 
-  // An event marks everything enqueued before it; waiting for all of it is
-  // what waiting for the event means here.
-  void synchronizeEvent(void*) const override {
-    check(rtpu_engine_synchronize());
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) {
+      check(rtpu_event_synchronize(static_cast<rtpu_event*>(event)));
+    }
   }
 
   void synchronizeDevice(const c10::DeviceIndex) const override {
     check(rtpu_engine_synchronize());
   }
 
-  double elapsedTime(void*, void*, const c10::DeviceIndex) const override {
-    TORCH_CHECK(false, "rtpu: tpu events do not record time");
+  // c10::Event has checked that both events were recorded with timing on
+  // and have finished.
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex)
+      const override {
+    double ms = 0;
+    check(rtpu_event_elapsed_ms(
+        static_cast<rtpu_event*>(start), static_cast<rtpu_event*>(end), &ms));
+    return ms;
   }
 };
 

@@ -114,6 +114,15 @@ std::string op_platform_name() {
   return rtpu_runtime_platform_name(runtime());
 }
 
+std::tuple<std::string, std::string> op_device_info(int64_t device) {
+  check_device_index(static_cast<c10::DeviceIndex>(device));
+  rtpu_device_info info{};
+  info.struct_size = RTPU_DEVICE_INFO_STRUCT_SIZE;
+  check(rtpu_runtime_device_info(
+      runtime(), static_cast<size_t>(device), &info));
+  return {info.kind, info.description};
+}
+
 at::Generator op_default_generator(int64_t device) {
   return default_generator(static_cast<c10::DeviceIndex>(device));
 }
@@ -152,6 +161,8 @@ TORCH_LIBRARY(rtpu, m) {
   m.def("set_device(int device) -> ()", TORCH_FN(op_set_device));
   m.def("synchronize(int device) -> ()", TORCH_FN(op_synchronize));
   m.def("platform_name() -> str", TORCH_FN(op_platform_name));
+  // The device's kind ("TPU v5 lite", "cpu") and description.
+  m.def("device_info(int device) -> (str kind, str description)", TORCH_FN(op_device_info));
   m.def("default_generator(int device) -> Generator?", TORCH_FN(op_default_generator));
   // The seed is a uint64 passed as int64 bits.
   m.def("manual_seed_all(int seed) -> ()", TORCH_FN(op_manual_seed_all));

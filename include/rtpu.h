@@ -338,6 +338,12 @@ typedef struct rtpu_communicator rtpu_communicator;
 typedef struct rtpu_error rtpu_error;
 
 /**
+ * A point in one device's work, made by `rtpu_event_record`. Owned by the
+ * caller: free it with `rtpu_event_destroy`. Thread-safe.
+ */
+typedef struct rtpu_event rtpu_event;
+
+/**
  * A compiled program loaded on its devices. Owned by whoever received it;
  * free it with `rtpu_executable_destroy`. Keeps its client alive.
  * Thread-safe: executions may run concurrently.
@@ -912,6 +918,39 @@ const char *rtpu_error_message(const struct rtpu_error *error);
  * undefined behaviour, as with `free`.
  */
 void rtpu_error_destroy(struct rtpu_error *error);
+
+/**
+ * Records an event on device `device_index` of `runtime`: it marks every
+ * program launched there so far (ops still pending in deferred mode are not
+ * launched yet). On success the caller owns `*event_out`. Thread-safe.
+ */
+struct rtpu_error *rtpu_event_record(const struct rtpu_runtime *runtime, size_t device_index, struct rtpu_event **event_out);
+
+/**
+ * Writes to `*done_out` whether the work `event` marks has finished,
+ * without waiting. Thread-safe.
+ */
+struct rtpu_error *rtpu_event_query(const struct rtpu_event *event, bool *done_out);
+
+/**
+ * Blocks until the work `event` marks has finished; returns the first
+ * error of the programs it waited for. Thread-safe.
+ */
+struct rtpu_error *rtpu_event_synchronize(const struct rtpu_event *event);
+
+/**
+ * Writes to `*ms_out` the milliseconds from the point `start` marks to the
+ * one `end` marks: from when the work before `start` had finished (or
+ * `start` was recorded, if later) to the same for `end`; negative when
+ * `end`'s point came first. FAILED_PRECONDITION while the work of either
+ * has not finished. Thread-safe.
+ */
+struct rtpu_error *rtpu_event_elapsed_ms(const struct rtpu_event *start, const struct rtpu_event *end, double *ms_out);
+
+/**
+ * Frees an event. NULL is a no-op.
+ */
+void rtpu_event_destroy(struct rtpu_event *event);
 
 /**
  * Compiles a StableHLO module for the runtime's devices. Invalid programs

@@ -956,3 +956,45 @@ fn advanced_indexing_and_scatter() {
     .unwrap();
     assert!(err.to_string().contains("out of bounds"), "{err}");
 }
+
+#[test]
+fn markers_cover_launched_work_and_time_it() {
+    use rtpu_core::engine::{deferred, work::Marker};
+
+    let client = common::cpu_client();
+    // A device no other test here uses, so only this test's work is on it.
+    let device = client.device_count() - 1;
+    let n = 256;
+    let identity: Vec<f32> = (0..n * n)
+        .map(|k| if k % (n + 1) == 0 { 1.0 } else { 0.0 })
+        .collect();
+    let storage = Storage::new(client, device, identity.len() * 4).unwrap();
+    storage
+        .write_host_bytes(&f32_bytes(&identity), DType::F32)
+        .unwrap();
+    let x = TensorArg {
+        storage,
+        view: View::contiguous(&[n as i64, n as i64], DType::F32),
+    };
+    // synchronize waits for eager work too: nothing is left in flight.
+    deferred::synchronize().unwrap();
+    let start = Marker::new(client, device).unwrap();
+    assert!(start.finished_at().unwrap().is_some());
+
+    let mut y = x.clone();
+    for _ in 0..20 {
+        y = call("aten::mm", &[t(&y), t(&x)]).remove(0);
+    }
+    let end = Marker::new(client, device).unwrap();
+    end.wait().unwrap();
+    assert!(end.finished_at().unwrap().is_some());
+    let ms = start.elapsed_ms(&end).unwrap().expect("both finished");
+    assert!(ms > 0.0, "{ms}");
+    assert_eq!(end.elapsed_ms(&start).unwrap(), Some(-ms));
+    assert_eq!(read(&y), identity);
+
+    let bad = Marker::new(client, client.device_count())
+        .err()
+        .expect("out of range");
+    assert_eq!(bad.code(), ErrorCode::InvalidArgument);
+}

@@ -17,6 +17,7 @@ pub mod buffer;
 pub mod cache;
 pub mod collective;
 pub mod error;
+pub mod event;
 pub mod executable;
 pub mod graph;
 pub mod metrics;

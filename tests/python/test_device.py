@@ -1,5 +1,8 @@
 """The `tpu` device itself: registration, torch.tpu, memory stats, RNG."""
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -230,3 +233,188 @@ def test_a_tensor_on_another_tpu_device_is_refused(two_devices):
     a = torch.ones(3, device="tpu:0")
     with pytest.raises(RuntimeError, match=SAME_DEVICE.format(arg="other", other="tpu:1")):
         a + torch.ones(3, device="tpu:1")
+
+
+# ----- torch.tpu as torch.cuda: properties, memory, streams, events ----------
+
+
+def test_device_name_and_properties_come_from_the_plugin():
+    kind, _ = torch.ops.rtpu.device_info(0)
+    props = torch.tpu.get_device_properties(0)
+    assert props.name == kind == torch.tpu.get_device_name() == torch.tpu.get_device_name("tpu:0") != ""
+    assert props.platform == torch.ops.rtpu.platform_name()
+    assert props.total_memory == torch.tpu.mem_get_info(0)[1] > 0
+    assert torch.tpu.get_device_properties(torch.device("tpu")) == props
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.tpu.get_device_properties(torch.tpu.device_count())
+
+
+def test_mem_get_info_counts_what_tpu_tensors_hold():
+    free, total = torch.tpu.mem_get_info()
+    assert 0 < free <= total
+    assert free + torch.tpu.memory_allocated() <= total
+    # Not a constant: live tensors are in use (the CPU plugin's memory is
+    # the host's, which other processes share, so only the bound is exact).
+    assert (free, total) == torch.accelerator.get_memory_info(0)
+
+
+def test_memory_summary_shows_the_current_allocation():
+    torch.tpu.reset_peak_memory_stats()
+    before = torch.tpu.memory_allocated()
+    t = torch.empty(256 * 1024, dtype=torch.float32, device="tpu")  # 1 MiB
+    summary = torch.tpu.memory_summary()
+    row = next(line for line in summary.splitlines() if line.startswith("Allocated memory"))
+    # "Allocated memory", then current and peak values, each a number and a unit.
+    fields = row.split()
+    expected = rtpu.tpu._format_bytes(before + t.nbytes)
+    assert " ".join(fields[2:4]) == expected == " ".join(fields[4:6])
+    assert summary == torch.tpu.memory_summary(0, abbreviated=True)
+
+
+def test_bf16_is_supported():
+    assert torch.tpu.is_bf16_supported()
+    x = torch.randn(8, 8)
+    assert_matches_cpu(x.bfloat16().to("tpu") @ x.bfloat16().to("tpu"), x.bfloat16() @ x.bfloat16())
+
+
+def test_rng_state_of_every_device_round_trips(two_devices):
+    torch.tpu.manual_seed_all(torch.seed())
+    states = torch.tpu.get_rng_state_all()
+    assert len(states) == torch.tpu.device_count()
+    first = [torch.rand(4, device=f"tpu:{i}").cpu() for i in (0, 1)]
+    torch.tpu.set_rng_state_all(states)
+    assert all(torch.equal(torch.rand(4, device=f"tpu:{i}").cpu(), first[i]) for i in (0, 1))
+    torch.tpu.manual_seed_all(5)
+    again = [torch.rand(4, device=f"tpu:{i}").cpu() for i in (0, 1)]
+    torch.tpu.manual_seed_all(5)
+    assert all(torch.equal(torch.rand(4, device=f"tpu:{i}").cpu(), again[i]) for i in (0, 1))
+
+
+def test_streams_are_current_per_thread_and_per_block():
+    default = torch.tpu.default_stream()
+    assert default.stream_id == 0 and torch.tpu.current_stream() == default
+    assert torch.accelerator.current_stream() == default
+    s, t = torch.tpu.Stream(), torch.tpu.Stream(priority=-1)
+    assert isinstance(s, torch.Stream) and s != t and s.device == torch.device("tpu:0")
+    with torch.tpu.stream(s):
+        assert torch.tpu.current_stream() == s == torch.accelerator.current_stream()
+        with torch.tpu.stream(t):
+            assert torch.tpu.current_stream() == t
+        assert torch.tpu.current_stream() == s
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(torch.tpu.current_stream()))
+        thread.start()
+        thread.join()
+        assert seen == [default]
+    with torch.tpu.stream(None):
+        assert torch.tpu.current_stream() == default
+    torch.tpu.set_stream(t)
+    try:
+        assert torch.tpu.current_stream() == t
+    finally:
+        torch.tpu.set_stream(default)
+    assert torch.tpu.current_stream() == default
+
+
+def test_a_stream_of_another_device_is_current_there(two_devices):
+    s = torch.tpu.Stream("tpu:1")
+    with torch.tpu.stream(s):
+        assert torch.tpu.current_device() == 1 and torch.tpu.current_stream() == s
+        assert torch.ones(1, device="tpu").device == torch.device("tpu:1")
+    assert torch.tpu.current_device() == 0
+    assert torch.tpu.current_stream(1).stream_id == 0
+
+
+def heavy_work(x: torch.Tensor, steps: int = 20) -> torch.Tensor:
+    """A chain of matmuls, each waiting for the last: about a second of
+    device work on the CPU plugin, launched in a fraction of that."""
+    y = x
+    for _ in range(steps):
+        y = (y @ x).tanh()
+    return y
+
+
+def test_events_mark_the_device_work_and_time_it():
+    x = torch.randn(1024, 1024, device="tpu") / 32
+    heavy_work(x, 1)  # compiled before anything is timed
+    torch.tpu.synchronize()
+    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    assert isinstance(start, torch.tpu.Event) and start.query()  # marks no work yet
+    t0 = time.perf_counter()
+    start.record()
+    t_recorded = time.perf_counter()
+    y = heavy_work(x)
+    end.record()
+    # The work runs after its launch: query says so until it is done.
+    last_running = None
+    while True:
+        asked = time.perf_counter()
+        if end.query():
+            break
+        last_running = asked
+        time.sleep(0.001)
+    assert last_running is not None, "the work was done when it was launched"
+    end.synchronize()
+    t1 = time.perf_counter()
+    assert end.query() and start.query()
+    elapsed = start.elapsed_time(end)
+    # From the start mark (done when recorded) to the end of the work: at
+    # least until the last time it was seen running, within the host's span.
+    assert (last_running - t_recorded) * 1e3 <= elapsed <= (t1 - t0) * 1e3
+    assert_matches_cpu(y, heavy_work(x.cpu()))
+    untimed = torch.tpu.Event()
+    untimed.record()
+    with pytest.raises(ValueError, match="enable_timing=True"):
+        start.elapsed_time(untimed)
+
+
+def test_event_synchronize_waits_for_the_marked_work_only():
+    x = torch.randn(1024, 1024, device="tpu") / 32
+    heavy_work(x, 1)
+    torch.tpu.synchronize()
+    before = torch.tpu.Event()
+    before.record()
+    heavy_work(x)
+    after = torch.tpu.Event()
+    after.record()
+    before.synchronize()
+    assert before.query() and not after.query()
+    after.synchronize()
+    assert after.query()
+    # A stream is done when all its device's work is.
+    assert torch.tpu.current_stream().query()
+
+
+def test_synchronize_waits_for_eager_work():
+    x = torch.randn(1024, 1024, device="tpu") / 32
+    heavy_work(x, 1)
+    y = heavy_work(x)
+    torch.tpu.synchronize()
+    nothing_left = torch.tpu.Event()
+    nothing_left.record()
+    assert nothing_left.query()
+    assert torch.tpu.current_stream().query()
+    assert_matches_cpu(y, heavy_work(x.cpu()))
+
+
+def test_stream_and_event_calls_of_fsdp2_order_the_work():
+    # The calls torch.distributed.fsdp.fully_shard makes, on real work.
+    device = torch.device("tpu", torch.tpu.current_device())
+    copy_in = torch.tpu.Stream(priority=-1)
+    gather = torch.tpu.Stream(priority=-1)
+    x = torch.randn(64, 64)
+    current = torch.tpu.current_stream()
+    copy_in.wait_stream(current)
+    with torch.tpu.stream(copy_in):
+        staged = x.to(device) * 2
+    gather.wait_stream(copy_in)
+    with torch.tpu.stream(gather):
+        gathered = staged @ staged
+        event = gather.record_event()
+    current.wait_event(event)
+    torch.accelerator.current_stream().wait_event(event)
+    done = torch.tpu.Event()
+    done.record()
+    done.synchronize()
+    assert done.query() and event.query()
+    assert_matches_cpu(gathered, (x * 2) @ (x * 2))

@@ -273,3 +273,53 @@ def test_load_state_dict_assign_puts_tpu_tensors_into_a_meta_model():
     expected.backward()
     torch.testing.assert_close(loss.item(), expected.item(), rtol=LOSS_RTOL, atol=0)
     torch.testing.assert_close(model.embed.weight.grad.cpu(), reference.embed.weight.grad, rtol=1e-5, atol=1e-6)
+
+
+# ----- Trainer and accelerate ----------------------------------------------------
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    def __init__(self, seed: int):
+        self.tokens = torch.randint(0, 100, (16, 16), generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
+
+
+def test_trainer_and_accelerate_choose_tpu_and_train_as_on_cpu(tmp_path):
+    # Both ask torch.accelerator.current_accelerator(), which rtpu's
+    # registration makes tpu: no argument names the device.
+    transformers = pytest.importorskip("transformers")
+    from accelerate.state import AcceleratorState, PartialState
+
+    transformers.logging.set_verbosity_error()
+    seed = fresh_seed()
+    torch.manual_seed(seed)
+    model = tiny_gpt2()
+    reference = copy.deepcopy(model)
+    data = TokenDataset(seed)
+
+    def train(net, **device_args):
+        # accelerate keeps its device choice per process: start afresh.
+        AcceleratorState._reset_state(True)
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=STEPS, logging_steps=1,
+            learning_rate=1e-2, report_to=[], save_strategy="no", seed=seed % 2**31, **device_args,
+        )
+        trainer = transformers.Trainer(model=net, args=args, train_dataset=data)
+        trainer.train()
+        return args.device, [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    try:
+        assert PartialState().device.type == "tpu"
+        device, losses = train(model)
+        _, expected = train(reference, use_cpu=True)
+    finally:
+        AcceleratorState._reset_state(True)
+    assert device == torch.device("tpu:0") and model.lm_head.weight.is_tpu
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert len(losses) == STEPS
+    torch.testing.assert_close(losses, expected, rtol=LOSS_RTOL, atol=0)

@@ -13,7 +13,7 @@ use super::checks::{self, OnFailure};
 use super::deferred::{self, CapturedOutput, RanGraph, RecordedOp, Source, SplicedParam};
 use super::location;
 use super::mode::{self, Mode};
-use super::{host_input, Output, TensorArg};
+use super::{host_input, work, Output, TensorArg};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
 use crate::metrics::{self, Metric};
@@ -413,6 +413,9 @@ impl CapturedGraph {
         metrics::add_elapsed(Metric::ExecuteNs, start);
         metrics::add(Metric::GraphExecutions, 1);
         let mut buffers = results?.into_iter().next().unwrap_or_default();
+        if let Some(output) = buffers.first() {
+            work::launched(&self.client, self.device_index, output)?;
+        }
         if buffers.len() != self.written.len() + self.checks.len() {
             return Err(Error::invalid(
                 "outputs of a captured graph",

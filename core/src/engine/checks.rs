@@ -94,16 +94,6 @@ pub(super) fn keep_old_values_on_failure(
         .collect()
 }
 
-/// The outputs of each device's latest graph (what `synchronize` waits for:
-/// every later graph reads the values of the ones before it).
-pub(super) fn latest_outputs() -> MutexGuard<'static, Vec<Weak<Buffer>>> {
-    static LATEST: OnceLock<Mutex<Vec<Weak<Buffer>>>> = OnceLock::new();
-    LATEST
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
 /// Registers the check flags a graph's run produced, to be read at the next
 /// sync point; `latest` are the buffers it installed in `written`, and
 /// `on_failure` says what each written storage holds if a check failed.

@@ -12,13 +12,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
-use super::checks::{
-    keep_old_values_on_failure, latest_outputs, verify_checks, watch_checks, OnFailure,
-};
+use super::checks::{keep_old_values_on_failure, verify_checks, watch_checks, OnFailure};
 use super::failure::{find_culprit, graph_error};
 use super::location::{current_location, intern_location};
 use super::mode::{self, Mode};
-use super::{cache, host_input};
+use super::{cache, host_input, work};
 use crate::builder::{Builder, Output, ParamSource, PendingOutput};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
@@ -496,17 +494,12 @@ pub fn flush_all(site: Option<&str>) -> Result<()> {
     first_error.map_or(Ok(()), Err)
 }
 
-/// Flushes every pending graph and waits until the device has run them.
+/// Flushes every pending graph and waits until the devices have run
+/// everything launched.
 pub fn synchronize() -> Result<()> {
     flush_all(None)?;
-    let latest: Vec<Arc<Buffer>> = latest_outputs()
-        .drain(..)
-        .filter_map(|w| w.upgrade())
-        .collect();
     let start = Instant::now();
-    for buffer in latest {
-        buffer.wait_ready()?;
-    }
+    work::wait_all()?;
     metrics::add_elapsed(Metric::WaitNs, start);
     verify_checks()
 }
@@ -670,7 +663,6 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
                 .collect();
             let written: Vec<Arc<Storage>> = written.into_iter().map(|(s, _)| s).collect();
             watch_checks(site, &ops, flags, &checks, &written, &latest, on_failure);
-            *latest_outputs() = latest;
             Ok(capture.then(|| RanGraph {
                 graph: pruned,
                 exe,
@@ -749,6 +741,9 @@ pub(super) fn execute(
     metrics::add_elapsed(Metric::ExecuteNs, start);
     metrics::add(Metric::GraphExecutions, 1);
     let buffers = results?.into_iter().next().unwrap_or_default();
+    if let Some(output) = buffers.first() {
+        work::launched(client, device_index, output)?;
+    }
     metrics::add(Metric::BuffersDonated, graph.donors.len() as u64);
     if buffers.len() != graph.outputs.len() {
         return Err(Error::invalid(

@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use super::{cache, deferred};
+use super::{cache, deferred, work};
 use crate::builder::{Builder, Mode, Output, ParamSource, PendingOutput};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -159,7 +159,11 @@ pub(super) fn run(mut b: Builder) -> Result<Vec<Output>> {
         },
     );
     metrics::add_elapsed(Metric::ExecuteNs, start);
-    let mut results = launched?.into_iter().next().unwrap_or_default().into_iter();
+    let results = launched?.into_iter().next().unwrap_or_default();
+    if let Some(output) = results.first() {
+        work::launched(b.client, device_index, output)?;
+    }
+    let mut results = results.into_iter();
 
     let mut outputs = Vec::with_capacity(b.outputs.len());
     for out in &b.outputs {

@@ -11,6 +11,7 @@ mod eager;
 mod failure;
 pub mod location;
 pub mod mode;
+pub mod work;
 
 use std::ops::Range;
 use std::sync::Arc;

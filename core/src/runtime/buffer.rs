@@ -190,14 +190,20 @@ impl Buffer {
     /// Blocks until the buffer's value is computed; returns the error of
     /// the execution or transfer that was to produce it, if any.
     pub fn wait_ready(&self) -> Result<()> {
+        match self.ready_event()? {
+            Some(event) => event.wait(),
+            None => Ok(()),
+        }
+    }
+
+    /// An event that is ready once the buffer's value is computed (None:
+    /// nothing to wait for). It may outlive the buffer.
+    pub(crate) fn ready_event(&self) -> Result<Option<Event>> {
         let mut args = sys::PJRT_Buffer_ReadyEvent_Args::new();
         args.buffer = self.raw;
         // SAFETY: live buffer handle; PJRT returns an owned event.
         unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_ReadyEvent, &mut args) }?;
-        match Event::from_raw(self.client.plugin, args.event) {
-            Some(event) => event.wait(),
-            None => Ok(()),
-        }
+        Ok(Event::from_raw(self.client.plugin, args.event))
     }
 
     /// True once the buffer was donated to an execution or deleted.

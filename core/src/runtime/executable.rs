@@ -437,7 +437,7 @@ impl LoadedExecutable {
             .filter_map(|raw| Event::from_raw(self.client.plugin, raw))
             .collect();
         // Wait for every device, then report the first failure.
-        let results: Vec<Result<()>> = events.into_iter().map(Event::wait).collect();
+        let results: Vec<Result<()>> = events.iter().map(Event::wait).collect();
         results.into_iter().collect::<Result<()>>()?;
         Ok(outputs)
     }

@@ -30,6 +30,7 @@ pub(crate) mod sys;
 pub use buffer::Buffer;
 pub use client::{Client, CreateOption, Device, MemoryStats};
 pub use compile::CompileOptions;
+pub(crate) use event::Event;
 pub use executable::{ExecuteOptions, LoadedExecutable, ParameterType};
 pub use plugin::{
     load, resolve_plugin_path, Plugin, PLUGIN_ENV, PLUGIN_INSTALL_HINT, RTPU_PJRT_API_VERSION,

@@ -32,6 +32,8 @@ args_structs!(
     PJRT_Error_Destroy_Args,
     PJRT_Plugin_Initialize_Args,
     PJRT_Event_Await_Args,
+    PJRT_Event_IsReady_Args,
+    PJRT_Event_OnReady_Args,
     PJRT_Event_Destroy_Args,
     PJRT_NamedValue,
     PJRT_Client_Create_Args,

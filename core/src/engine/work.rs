@@ -1,0 +1,142 @@
+//! The work each device has in flight, and markers of points in it: what a
+//! torch Event records, queries, waits for and times, and what
+//! `synchronize` waits for.
+//!
+//! Every program the engine launches (eager ops, deferred graphs, captured
+//! graphs) is registered here with the ready event of one of its outputs:
+//! an execution's outputs become ready together, when it finishes. A
+//! marker holds the launches not yet finished when it was made; ops still
+//! pending in deferred mode are not launched yet, so no marker covers them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+use crate::error::Result;
+use crate::runtime::{Buffer, Client, Event};
+
+/// One launched program.
+struct Launch {
+    ready: Event,
+    /// When it finished: set by the event's callback (or by whoever first
+    /// sees the event ready, should that come before the callback).
+    finished_at: Arc<OnceLock<Instant>>,
+}
+
+impl Launch {
+    /// When the program finished, or None while it runs.
+    fn finished(&self) -> Result<Option<Instant>> {
+        if let Some(at) = self.finished_at.get() {
+            return Ok(Some(*at));
+        }
+        Ok(self
+            .ready
+            .is_ready()?
+            .then(|| *self.finished_at.get_or_init(Instant::now)))
+    }
+}
+
+/// Launches not known to be finished, per (client id, device index).
+type InFlight = HashMap<(usize, usize), Vec<Arc<Launch>>>;
+
+fn in_flight() -> MutexGuard<'static, InFlight> {
+    static IN_FLIGHT: OnceLock<Mutex<InFlight>> = OnceLock::new();
+    IN_FLIGHT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Registers a program just launched on `device_index` of `client`, which
+/// computes `output`.
+pub(super) fn launched(client: &Client, device_index: usize, output: &Buffer) -> Result<()> {
+    let Some(ready) = output.ready_event()? else {
+        return Ok(());
+    };
+    let finished_at = Arc::new(OnceLock::new());
+    let set = finished_at.clone();
+    ready.on_ready(Box::new(move || {
+        set.get_or_init(Instant::now);
+    }))?;
+    let mut all = in_flight();
+    let launches = all.entry((client.id(), device_index)).or_default();
+    launches.retain(|l| l.finished_at.get().is_none());
+    launches.push(Arc::new(Launch { ready, finished_at }));
+    Ok(())
+}
+
+/// A point in a device's work: everything launched on it before the marker
+/// was made.
+pub struct Marker {
+    launches: Vec<Arc<Launch>>,
+    made_at: Instant,
+}
+
+impl Marker {
+    /// Marks the work launched so far on `device_index` of `client`.
+    pub fn new(client: &Client, device_index: usize) -> Result<Marker> {
+        client.device(device_index)?;
+        let made_at = Instant::now();
+        let mut all = in_flight();
+        let launches = all.entry((client.id(), device_index)).or_default();
+        launches.retain(|l| l.finished_at.get().is_none());
+        Ok(Marker {
+            launches: launches.clone(),
+            made_at,
+        })
+    }
+
+    /// When the marked work had all finished (no earlier than when the
+    /// marker was made), or None while some of it runs.
+    pub fn finished_at(&self) -> Result<Option<Instant>> {
+        let mut last = self.made_at;
+        for launch in &self.launches {
+            match launch.finished()? {
+                Some(at) => last = last.max(at),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(last))
+    }
+
+    /// Blocks until the marked work has finished; returns the first error of
+    /// the programs it waited for.
+    pub fn wait(&self) -> Result<()> {
+        let mut first_error = None;
+        for launch in &self.launches {
+            let result = launch.ready.wait();
+            // Finished either way: a failed program is not waited for again.
+            launch.finished_at.get_or_init(Instant::now);
+            if let Err(e) = result {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Milliseconds from `self`'s point in the work to `later`'s; None
+    /// unless both have finished.
+    pub fn elapsed_ms(&self, later: &Marker) -> Result<Option<f64>> {
+        let (Some(start), Some(end)) = (self.finished_at()?, later.finished_at()?) else {
+            return Ok(None);
+        };
+        let ms = |from: Instant, to: Instant| to.duration_since(from).as_secs_f64() * 1e3;
+        // Negative when `later` was made first, as CUDA's events give it.
+        Ok(Some(if end >= start {
+            ms(start, end)
+        } else {
+            -ms(end, start)
+        }))
+    }
+}
+
+/// Blocks until every launched program on every device has finished;
+/// returns the first error of the programs it waited for.
+pub(super) fn wait_all() -> Result<()> {
+    let launches: Vec<Arc<Launch>> = in_flight().values().flatten().cloned().collect();
+    Marker {
+        launches,
+        made_at: Instant::now(),
+    }
+    .wait()
+}
