@@ -15,6 +15,13 @@ from . import _plugin
 
 _plugin.configure()
 
+
+def _autoload() -> None:
+    """The `torch.backends` entry point; importing rtpu does the work. It is
+    defined before `import torch`, which looks it up while this module is
+    still importing when rtpu is imported first."""
+
+
 import torch  # noqa: E402  (the plugin must be chosen before torch loads us)
 
 __all__ = ["debug", "metrics", "metrics_report", "set_recompile_limit", "step", "sync"]
@@ -66,10 +73,6 @@ def _print_through_host() -> None:
 
 
 _initialize()
-
-
-def _autoload() -> None:
-    """The `torch.backends` entry point; importing rtpu did the work."""
 
 
 def metrics() -> dict:

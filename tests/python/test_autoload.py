@@ -30,6 +30,13 @@ def test_import_torch_autoloads_rtpu():
     assert "True tpu" in result.stdout
 
 
+def test_importing_rtpu_before_torch_works():
+    # torch's autoload looks up rtpu's entry point while rtpu is importing.
+    result = run("import rtpu, torch\nprint((torch.ones(2, device='tpu') + 1).cpu())\n")
+    assert result.returncode == 0, result.stderr
+    assert "tensor([2., 2.])" in result.stdout
+
+
 def test_autoload_can_be_disabled():
     result = run(
         "import sys, torch\n"
