@@ -184,3 +184,19 @@ fn bucketize_and_searchsorted_refuse_0_d_sequences() {
         "sorted_sequence",
     );
 }
+
+#[test]
+fn remainders_refuse_complex_tensors() {
+    // XLA's CPU compiler segfaulted compiling fmod_ of a complex128 tensor.
+    let storage = Storage::new(common::cpu_client(), 0, 2 * 16).unwrap();
+    let complex = Arg::Tensor(TensorArg {
+        storage,
+        view: View::contiguous(&[2, 1], DType::C128),
+    });
+    refused(
+        "aten::fmod_.Scalar",
+        &[complex.clone(), Arg::Int(-3)],
+        "complex",
+    );
+    refused("aten::remainder.Scalar", &[complex, Arg::Int(2)], "complex");
+}

@@ -527,7 +527,8 @@ fn make_tensor(
     } else {
         offset.max(0).saturating_add(span).saturating_add(1)
     }
-    .min(MAX_STORED * 4);
+    // A negative stride (drawn on purpose) makes the span negative.
+    .clamp(0, MAX_STORED * 4);
     if let Some(last) = &plan.last {
         if layout == 15 && last.dtype == dtype {
             // Alias the last tensor's storage (in-place ops on overlapping
@@ -608,7 +609,7 @@ fn fill_bytes(d: &mut Draw, dtype: u32, count: usize, fill: Fill) -> Vec<u8> {
                 if r % 97 == 0 {
                     EDGE_INTS[(r / 97 % EDGE_INTS.len() as u64) as usize] as f64
                 } else {
-                    ((r >> 8) % (2 * bound as u64)) as f64 - bound as f64
+                    ((r >> 8) % (bound as u64).saturating_mul(2)) as f64 - bound as f64
                 }
             }
             Fill::Values if special && r % 7 == 0 => {

@@ -187,6 +187,22 @@ static void bad_programs_and_executions(rtpu_runtime *rt) {
   rtpu_error *parse_error = rtpu_executable_compile(rt, &compile, &exe);
   CHECK(parse_error != NULL && strstr(rtpu_error_message(parse_error), "PJRT_Client_Compile") != NULL);
   rtpu_error_destroy(parse_error);
+
+  /* Text without a NUL, ending inside an identifier: the plugin's lexer
+   * used to read past it (an ASan heap-buffer-overflow; found by the
+   * stablehlo fuzz target). */
+  static const char IDENTIFIER_AT_END[] = "mudlcon.l";
+  char *unterminated = malloc(sizeof IDENTIFIER_AT_END - 1);
+  CHECK(unterminated != NULL);
+  memcpy(unterminated, IDENTIFIER_AT_END, sizeof IDENTIFIER_AT_END - 1);
+  compile.code = unterminated;
+  compile.code_size = sizeof IDENTIFIER_AT_END - 1;
+  parse_error = rtpu_executable_compile(rt, &compile, &exe);
+  CHECK(parse_error != NULL && exe == NULL);
+  rtpu_error_destroy(parse_error);
+  free(unterminated);
+  compile.code = "module { this is not stablehlo }";
+  compile.code_size = strlen(compile.code);
   CHECK_ERROR(rtpu_executable_compile(NULL, &compile, &exe), INVALID, "runtime");
   CHECK_ERROR(rtpu_executable_compile(rt, NULL, &exe), INVALID, "args");
   CHECK_ERROR(rtpu_executable_compile(rt, &compile, NULL), INVALID, "executable_out");

@@ -108,6 +108,15 @@ impl<'a> Builder<'a> {
             ));
         }
         let ty = self.ty(x).clone();
+        // XLA's CPU compiler crashes (a segfault while emitting the
+        // fusion) on a complex remainder, which ATen does not define.
+        if op == BinaryOp::Rem && matches!(ty.dtype, DType::C64 | DType::C128) {
+            return Err(Error::invalid(
+                format!("{}: operands", self.op),
+                "real tensors (a remainder of complex numbers is undefined)",
+                ty.dtype,
+            ));
+        }
         Ok(self.push(Node::Binary(op, x, y), ty))
     }
 

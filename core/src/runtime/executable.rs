@@ -170,9 +170,15 @@ impl Client {
         }
         let options = options.to_proto_bytes()?;
         let format = "mlir";
+        // The plugin's MLIR lexer reads past `code_size` while it lexes an
+        // identifier at the very end, until it meets a NUL: give it one
+        // just past the text (not counted in `code_size`).
+        let mut text = Vec::with_capacity(stablehlo.len() + 1);
+        text.extend_from_slice(stablehlo.as_bytes());
+        text.push(0);
         let mut program = sys::PJRT_Program::new();
         // PJRT only reads `code` for compilation despite the non-const field.
-        program.code = stablehlo.as_ptr() as *mut c_char;
+        program.code = text.as_ptr() as *mut c_char;
         program.code_size = stablehlo.len();
         program.format = format.as_ptr().cast();
         program.format_size = format.len();
@@ -181,7 +187,8 @@ impl Client {
         args.program = &program;
         args.compile_options = options.as_ptr().cast();
         args.compile_options_size = options.len();
-        // SAFETY: the program text, format and options outlive the call.
+        // SAFETY: the program text (NUL-terminated), format and options
+        // outlive the call.
         unsafe { pjrt_call!(self.inner.plugin, PJRT_Client_Compile, &mut args) }?;
         LoadedExecutable::new(self.inner.clone(), args.executable)
     }
