@@ -12,6 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
 
 import rtpu  # noqa: F401  (registers the tpu backend when autoload is off)
 
@@ -193,6 +194,46 @@ def dtensor_matches_plain_tensors():
     want.sum().backward()
     grad = parallel[0].weight.grad.full_tensor().cpu()
     torch.testing.assert_close(grad, plain[0].weight.grad, rtol=1e-5, atol=1e-5)
+    dist.destroy_process_group()
+
+
+def fsdp2_matches_one_process():
+    """FSDP2 (`fully_shard` per block and at the root) on the GPT, each rank
+    on half the batch, ends with the weights of one process training on the
+    whole batch; its losses average to that process's losses."""
+    from torch.distributed.fsdp import fully_shard
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+    from gpt import GPT
+
+    dist.init_process_group("tpu", timeout=TIMEOUT)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(SEED)
+    reference = GPT(64, 32, 2, 2, 16)
+    model = GPT(64, 32, 2, 2, 16)
+    model.load_state_dict(reference.state_dict())
+    model.to(DEVICE)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    # SGD, not Adam: the key bias's gradient is rounding noise (attention
+    # ignores it), which Adam would scale up to full-size steps.
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(SEED)
+    for _ in range(3):
+        tokens = torch.randint(0, 64, (2 * world, 16), generator=g)
+        mine = tokens[rank * 2 : (rank + 1) * 2].to(DEVICE)
+        loss = F.cross_entropy(model(mine).flatten(0, 1), mine.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        reference_optimizer.zero_grad()
+        F.cross_entropy(reference(tokens).flatten(0, 1), tokens.flatten()).backward()
+        reference_optimizer.step()
+    for (name, got), want in zip(model.state_dict().items(), reference.state_dict().values()):
+        # Float32 rounding of the halves' mean gradient over 3 steps.
+        torch.testing.assert_close(got.full_tensor().cpu(), want, rtol=1e-4, atol=1e-5)
     dist.destroy_process_group()
 
 

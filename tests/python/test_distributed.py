@@ -1,7 +1,8 @@
 """torch.distributed on tpu: the "tpu" c10d backend, in real processes at
 world size 2 under torchrun. Each case (distributed_cases.py) checks its
 results on every rank: collectives against gloo on the same CPU tensors,
-DDP against one process on the whole batch, DTensor against plain tensors,
+DDP and FSDP2 against one process on the whole batch, DTensor against
+plain tensors,
 and bad input against the errors each rank must raise."""
 
 import os
@@ -37,6 +38,7 @@ def run_ranks(case: str, timeout: int = 150) -> str:
         "collectives_match_gloo",
         "ddp_matches_one_process",
         "dtensor_matches_plain_tensors",
+        "fsdp2_matches_one_process",
         "bad_input_gives_errors_on_every_rank",
         "cpu_tensors_on_a_mixed_group",
         "a_rank_that_exits_gives_its_peer_an_error",
