@@ -200,3 +200,14 @@ fn remainders_refuse_complex_tensors() {
     );
     refused("aten::remainder.Scalar", &[complex, Arg::Int(2)], "complex");
 }
+
+#[test]
+fn outputs_whose_element_count_overflows_are_refused() {
+    // eye(n, m) with n * m past 2^63 overflowed counting its output.
+    let out = zeros(&[0]);
+    refused(
+        "aten::eye.m_out",
+        &[Arg::Int(1 << 40), Arg::Int(1 << 40), out],
+        "fits in 64 bits",
+    );
+}

@@ -316,7 +316,19 @@ impl<'a> Builder<'a> {
     /// Returns `value` as a new contiguous tensor.
     pub fn output(&mut self, value: ValueId) -> Result<()> {
         let sizes = self.dims(value);
-        let flat = self.reshape(value, &[sizes.iter().product()])?;
+        // Sizes an op computed from its arguments (eye's n x m) may not
+        // have an element count at all.
+        let numel = sizes
+            .iter()
+            .try_fold(1i64, |acc, &s| acc.checked_mul(s))
+            .ok_or_else(|| {
+                Error::invalid(
+                    format!("{}: output", self.op),
+                    "sizes whose element count fits in 64 bits",
+                    format!("{sizes:?}"),
+                )
+            })?;
+        let flat = self.reshape(value, &[numel])?;
         self.outputs.push(PendingOutput::New { value: flat, sizes });
         Ok(())
     }
