@@ -152,8 +152,8 @@ fn reduce_combiner(op: ReduceOp) -> &'static str {
     }
 }
 
-/// The region that combines two scalars of `dtype` with `op`, as the
-/// collectives take it.
+/// The region that combines two scalars of `dtype` with `op`, as reduce
+/// and the reducing collectives take it.
 fn combiner_region(op: ReduceOp, dtype: DType) -> String {
     let scalar = TensorType::new(dtype, &[]);
     format!(
@@ -361,17 +361,14 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
         ),
         Node::Reduce { operand, op: reduce, dims } => {
             let scalar = TensorType::new(ty.dtype, &[]);
-            let combiner = reduce_combiner(*reduce);
+            let region = combiner_region(*reduce, ty.dtype);
             let init = literal_attr(reduce_identity(*reduce, ty.dtype), ty.dtype);
             let operand_ty = graph.ty(*operand);
             let _ = writeln!(
                 out,
                 "    %v{id}_init = \"stablehlo.constant\"() {{value = dense<{init}> : {scalar}}} : () -> {scalar}\n    \
-                 %v{id} = \"stablehlo.reduce\"(%v{operand}, %v{id}_init) ({{\n    \
-                 ^bb0(%a: {scalar}, %b: {scalar}):\n      \
-                 %r = \"{combiner}\"(%a, %b) : ({scalar}, {scalar}) -> {scalar}\n      \
-                 \"stablehlo.return\"(%r) : ({scalar}) -> ()\n    \
-                 }}) {{dimensions = {}}} : ({operand_ty}, {scalar}) -> {ty}",
+                 %v{id} = \"stablehlo.reduce\"(%v{operand}, %v{id}_init) ({region}) \
+                 {{dimensions = {}}} : ({operand_ty}, {scalar}) -> {ty}",
                 i64_array(dims)
             );
         }
