@@ -260,6 +260,41 @@ impl View {
         Ok(())
     }
 
+    /// The view with each stride-0 dim (an expanded one) cut to one element.
+    pub fn without_repeated_dims(&self) -> View {
+        let mut view = self.clone();
+        for (size, &stride) in view.sizes.iter_mut().zip(&self.strides) {
+            if stride == 0 {
+                *size = (*size).min(1);
+            }
+        }
+        view
+    }
+
+    /// Refuses a view that certainly names one storage element twice (a
+    /// stride-0 dim of more than one element, or more elements than the
+    /// storage has), as ATen refuses writing through one: which write wins is
+    /// undefined, and an expanded view may be far larger than its storage.
+    /// Only for a view `check_within` its storage.
+    pub fn check_writable(&self, storage_elements: usize) -> Result<()> {
+        let repeats = self
+            .sizes
+            .iter()
+            .zip(&self.strides)
+            .any(|(&size, &stride)| size > 1 && stride == 0);
+        if repeats || self.numel() > storage_elements {
+            return Err(Error::invalid(
+                format!(
+                    "writing through a view of sizes {:?} strides {:?}",
+                    self.sizes, self.strides
+                ),
+                "a view in which no storage element appears twice (clone() it first)",
+                "a view that repeats elements",
+            ));
+        }
+        Ok(())
+    }
+
     /// Storage element indices of the view, in row-major order of its sizes.
     /// The storage elements from the view's first to its last (empty for
     /// an empty view). Only for a view `check_within` its storage.

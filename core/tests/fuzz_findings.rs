@@ -211,3 +211,55 @@ fn outputs_whose_element_count_overflows_are_refused() {
         "fits in 64 bits",
     );
 }
+
+/// A float32 view of `sizes` and `strides` over a zeroed storage of `elements`.
+fn strided(elements: usize, sizes: &[i64], strides: &[i64]) -> TensorArg {
+    TensorArg {
+        storage: Storage::new(common::cpu_client(), 0, elements * 4).unwrap(),
+        view: View {
+            offset: 0,
+            sizes: sizes.to_vec(),
+            strides: strides.to_vec(),
+            dtype: DType::F32,
+        },
+    }
+}
+
+#[test]
+fn writes_through_views_that_repeat_elements_are_refused() {
+    // add_ on a [2^31, 1] expansion of one element built a 2^31-entry
+    // scatter that XLA could not allocate: the process aborted.
+    let expanded = strided(1, &[1 << 31, 1], &[0, 1]);
+    refused(
+        "aten::add_.Tensor",
+        &[
+            Arg::Tensor(expanded.clone()),
+            Arg::Tensor(expanded),
+            Arg::Int(1),
+        ],
+        "no storage element appears twice",
+    );
+    // Overlapping rows without a stride of 0: 9 elements over 5.
+    let overlapping = Arg::Tensor(strided(5, &[3, 3], &[1, 1]));
+    refused(
+        "aten::mul_.Scalar",
+        &[overlapping, Arg::Float(2.0)],
+        "no storage element appears twice",
+    );
+}
+
+#[test]
+fn one_value_written_through_an_expanded_view_fills_each_element_once() {
+    // fill_ and zero_ of an expanded tensor are well-defined, as in ATen.
+    let expanded = strided(3, &[1 << 40, 3], &[0, 1]);
+    let fill = engine::find_op("aten::fill_.Scalar").unwrap();
+    engine::call(
+        common::cpu_client(),
+        fill,
+        &[Arg::Tensor(expanded.clone()), Arg::Float(2.5)],
+    )
+    .unwrap();
+    let whole = View::contiguous(&[3], DType::F32);
+    let got = common::f32s_from(&expanded.storage.read_view(&whole).unwrap());
+    assert_eq!(got, [2.5, 2.5, 2.5]);
+}

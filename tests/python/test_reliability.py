@@ -229,6 +229,20 @@ def test_sizes_past_the_device_are_out_of_memory_errors_and_the_process_goes_on(
     assert "allocated 0" in done.stdout and "after [2.0, 2.0, 2.0]" in done.stdout, done.stdout
 
 
+def test_writing_through_an_expanded_view_is_refused_as_on_cpu_but_fill_works():
+    for device in ("cpu", "tpu"):
+        x = torch.zeros(1, device=device)
+        # Eagerly and in a step: a 2^31-element scatter once aborted the process.
+        with pytest.raises(RuntimeError, match="single memory location" if device == "cpu" else "appears twice"):
+            x.expand(2**31, 1).add_(1)
+    with pytest.raises(RuntimeError, match="appears twice"):
+        with rtpu.step():
+            torch.ones(3, device="tpu").expand(2, 3).mul_(2)
+    x = torch.zeros(2, 3, device="tpu")
+    x[1].expand(2**40, 3).fill_(2.5)
+    x[0].expand(4, 3).zero_()
+    assert x.cpu().tolist() == [[0.0] * 3, [2.5] * 3]
+
 
 def classifier_step(model, optimizer, x, target):
     """One training step of `model` on (x, target) as one program; the

@@ -248,10 +248,17 @@ impl<'a> Builder<'a> {
     /// Writes `value` (converted to the view's dtype, broadcast to its sizes)
     /// into tensor `t`, as a new version of its storage.
     pub fn write(&mut self, t: &TensorArg, value: ValueId) -> Result<()> {
-        let view = &t.view;
         let slot = self.slot(&t.storage, &t.view)?;
-        let elements = t.storage.elements(view.dtype)? as i64;
-        view.check_within(elements as usize)?;
+        let elements = t.storage.elements(t.view.dtype)? as i64;
+        t.view.check_within(elements as usize)?;
+        // One value written through an expanded view (fill_, zero_) is
+        // well-defined: it is written once per distinct element.
+        let view = &if self.dims(value).is_empty() {
+            t.view.without_repeated_dims()
+        } else {
+            t.view.clone()
+        };
+        view.check_writable(elements as usize)?;
         let value = self.convert(value, view.dtype);
         let value = self.broadcast_to(value, &view.sizes)?;
         if view.numel() == 0 {
