@@ -76,6 +76,7 @@ metrics! {
     BuffersDonated = "buffers_donated", Count, "input buffers donated to graphs (their memory reused for outputs)";
     CollectivesRun = "collectives_run", Count, "collectives run over the devices of a communicator";
     CollectiveBytes = "collective_bytes", Bytes, "bytes the ranks' tensors of those collectives held";
+    ExecutablesEvicted = "executables_evicted", Count, "programs dropped from the in-memory cache past RTPU_MEMORY_CACHE_ENTRIES";
 }
 
 const COUNT: usize = DEFINITIONS.len();

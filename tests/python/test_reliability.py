@@ -127,6 +127,34 @@ def test_the_disk_cache_keeps_to_its_size_cap(tmp_path):
     assert capped["info"]["entries"] == len(held) < uncapped["info"]["entries"]
 
 
+MEMORY_CAP_SCRIPT = """
+import json, torch, rtpu
+def run(n):
+    x = torch.arange(n, dtype=torch.float32, device="tpu")
+    return (x * 2 + 1).sum().item()
+def compiled():
+    return rtpu.metrics()["executables_compiled"]
+first = [run(n) for n in range(1, 13)]
+before = compiled()
+again = [run(n) for n in range(1, 13)]
+print(json.dumps({"right": first == again == [float(n * n) for n in range(1, 13)],
+                  "recompiled": compiled() - before, "evicted": rtpu.metrics()["executables_evicted"]}))
+"""
+
+
+def test_the_memory_cache_keeps_to_its_entry_cap():
+    def run(**env):
+        done = subprocess.run([sys.executable, "-c", MEMORY_CAP_SCRIPT], capture_output=True, text=True,
+                              timeout=300, env=dict(os.environ, RTPU_CACHE_DIR="", **env))
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    uncapped, capped = run(), run(RTPU_MEMORY_CACHE_ENTRIES="4")
+    assert uncapped == {"right": True, "recompiled": 0, "evicted": 0}
+    # Each size compiled a few programs; past the cap, the second pass compiles them again.
+    assert capped["right"] and capped["recompiled"] > 0 and capped["evicted"] >= capped["recompiled"]
+
+
 def test_clear_cache_empties_it(tmp_path):
     cache = tmp_path / "cache"
     run_cache_script(cache)

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use super::deferred::RecordedOp;
-use super::disk_cache::DiskEntry;
+use super::disk_cache::{env_count, DiskEntry};
 use super::location::location_text;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, TensorType};
@@ -37,11 +37,81 @@ pub(crate) struct Provenance<'a> {
 }
 
 type MemoryKey = (usize, usize, u64);
-/// Graphs with the same key (a hash collision is an equality miss).
-type MemoryEntries = Vec<(Graph, Arc<LoadedExecutable>)>;
 
-fn memory() -> MutexGuard<'static, HashMap<MemoryKey, MemoryEntries>> {
-    static MEMORY: OnceLock<Mutex<HashMap<MemoryKey, MemoryEntries>>> = OnceLock::new();
+/// One executable kept in memory.
+struct MemoryEntry {
+    graph: Graph,
+    exe: Arc<LoadedExecutable>,
+    /// The cache's clock when this entry was last found or stored.
+    last_use: u64,
+}
+
+/// The in-memory executables, at most `max_memory_entries()` of them: the
+/// one used least recently goes first (its program stays on disk).
+#[derive(Default)]
+struct MemoryCache {
+    /// Graphs with the same key (a hash collision is an equality miss).
+    entries: HashMap<MemoryKey, Vec<MemoryEntry>>,
+    len: usize,
+    clock: u64,
+}
+
+impl MemoryCache {
+    fn find(&mut self, key: &MemoryKey, graph: &Graph) -> Option<Arc<LoadedExecutable>> {
+        self.clock += 1;
+        let entry = self
+            .entries
+            .get_mut(key)?
+            .iter_mut()
+            .find(|e| e.graph == *graph)?;
+        entry.last_use = self.clock;
+        Some(entry.exe.clone())
+    }
+
+    fn store(&mut self, key: MemoryKey, graph: &Graph, exe: Arc<LoadedExecutable>, max: usize) {
+        while self.len >= max.max(1) {
+            self.evict_least_recent();
+        }
+        self.clock += 1;
+        self.entries.entry(key).or_default().push(MemoryEntry {
+            graph: graph.clone(),
+            exe,
+            last_use: self.clock,
+        });
+        self.len += 1;
+    }
+
+    fn evict_least_recent(&mut self) {
+        let oldest = self
+            .entries
+            .iter()
+            .flat_map(|(key, list)| {
+                list.iter()
+                    .enumerate()
+                    .map(move |(i, e)| (e.last_use, *key, i))
+            })
+            .min();
+        let Some((_, key, index)) = oldest else {
+            return;
+        };
+        let list = self.entries.get_mut(&key).expect("the key just found");
+        list.swap_remove(index);
+        if list.is_empty() {
+            self.entries.remove(&key);
+        }
+        self.len -= 1;
+        metrics::add(Metric::ExecutablesEvicted, 1);
+    }
+}
+
+/// The in-memory cap: `RTPU_MEMORY_CACHE_ENTRIES`, else 1024 executables.
+fn max_memory_entries() -> usize {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    env_count("RTPU_MEMORY_CACHE_ENTRIES", 1024, &WARNED) as usize
+}
+
+fn memory() -> MutexGuard<'static, MemoryCache> {
+    static MEMORY: OnceLock<Mutex<MemoryCache>> = OnceLock::new();
     MEMORY
         .get_or_init(Default::default)
         .lock()
@@ -63,11 +133,9 @@ pub(crate) fn executable(
     provenance: Option<&Provenance<'_>>,
 ) -> Result<Arc<LoadedExecutable>> {
     let key = (client.id(), device_index, structural_hash(graph));
-    if let Some(entries) = memory().get(&key) {
-        if let Some((_, exe)) = entries.iter().find(|(g, _)| g == graph) {
-            metrics::add(Metric::CacheHits, 1);
-            return Ok(exe.clone());
-        }
+    if let Some(exe) = memory().find(&key, graph) {
+        metrics::add(Metric::CacheHits, 1);
+        return Ok(exe);
     }
     let text = lower(graph);
     dump(&text);
@@ -101,10 +169,7 @@ pub(crate) fn executable(
             Arc::new(exe)
         }
     };
-    memory()
-        .entry(key)
-        .or_default()
-        .push((graph.clone(), exe.clone()));
+    memory().store(key, graph, exe.clone(), max_memory_entries());
     Ok(exe)
 }
 

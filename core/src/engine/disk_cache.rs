@@ -49,21 +49,25 @@ pub fn cache_dir() -> Option<PathBuf> {
 
 /// The size cap: `RTPU_CACHE_MAX_BYTES`, else 1 GiB.
 pub fn max_bytes() -> u64 {
-    match std::env::var("RTPU_CACHE_MAX_BYTES") {
-        Err(_) => DEFAULT_MAX_BYTES,
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    env_count("RTPU_CACHE_MAX_BYTES", DEFAULT_MAX_BYTES, &WARNED)
+}
+
+/// Environment variable `name` as a whole number, else `default` (with one
+/// warning when it is set to something else).
+pub(super) fn env_count(name: &str, default: u64, warned: &AtomicBool) -> u64 {
+    match std::env::var(name) {
+        Err(_) => default,
         Ok(text) => text.trim().parse().unwrap_or_else(|_| {
             warn_once(
-                &BAD_MAX_WARNED,
-                format!(
-                    "RTPU_CACHE_MAX_BYTES={text} is not a byte count; using {DEFAULT_MAX_BYTES}"
-                ),
+                warned,
+                format!("{name}={text} is not a whole number; using {default}"),
             );
-            DEFAULT_MAX_BYTES
+            default
         }),
     }
 }
 
-static BAD_MAX_WARNED: AtomicBool = AtomicBool::new(false);
 static DIR_WARNED: AtomicBool = AtomicBool::new(false);
 static WRITE_WARNED: AtomicBool = AtomicBool::new(false);
 
