@@ -183,13 +183,12 @@ class ArgConverter {
       a.bool_value = value.toSymBool().expect_true(__FILE__, __LINE__);
       return a;
     }
-    TORCH_CHECK(
-        !value.isComplexDouble(),
-        "rtpu: ",
-        schema_.operator_name(),
-        ": argument '",
-        arg.name(),
-        "' is a complex number, which rtpu's op ABI cannot pass yet");
+    if (value.isComplexDouble()) {
+      // Its imaginary part is 0: boxed_kernel sends the others to the CPU.
+      auto a = make(RTPU_ARG_DOUBLE);
+      a.double_value = value.toComplexDouble().real();
+      return a;
+    }
     unsupported(arg, value);
   }
 
@@ -254,14 +253,9 @@ class ArgConverter {
         doubles.push_back(static_cast<double>(item.toInt()));
       } else if (item.isBool()) {
         doubles.push_back(item.toBool() ? 1.0 : 0.0);
+      } else if (item.isComplexDouble()) {
+        doubles.push_back(item.toComplexDouble().real()); // imaginary part 0
       } else {
-        TORCH_CHECK(
-            !item.isComplexDouble(),
-            "rtpu: ",
-            schema_.operator_name(),
-            ": argument '",
-            arg.name(),
-            "' holds a complex number, which rtpu's op ABI cannot pass yet");
         unsupported(arg, value);
       }
     }
@@ -435,14 +429,49 @@ bool is_tensor_list(const c10::TypePtr& type) {
       c10::TypeKind::TensorType;
 }
 
-ResultPtr call(size_t op, const std::vector<rtpu_op_arg>& args) {
+// Whether `value` holds a complex number with a nonzero imaginary part,
+// which the op ABI cannot pass: such calls run on the CPU.
+bool holds_imaginary_number(const c10::IValue& value) {
+  if (value.isComplexDouble()) {
+    return value.toComplexDouble().imag() != 0;
+  }
+  if (value.isTensor()) {
+    const at::Tensor& t = value.toTensor();
+    return t.defined() && t.is_complex() && t.is_cpu() && t.dim() == 0 &&
+        t.unsafeGetTensorImpl()->is_wrapped_number() &&
+        t.item<c10::complex<double>>().imag() != 0;
+  }
+  if (value.isList()) {
+    for (const c10::IValue& item : value.toListRef()) {
+      if (holds_imaginary_number(item)) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+// The core's result, or null when the core does not lower this call
+// (UNIMPLEMENTED: e.g. a complex input to a real-only formula); then
+// `not_lowered` says why.
+ResultPtr call(
+    size_t op,
+    const std::vector<rtpu_op_arg>& args,
+    std::string* not_lowered) {
   // A recorded op keeps its Python line, for errors raised when its graph
   // runs later; eager errors surface at the call itself.
   if (rtpu_engine_mode() == RTPU_MODE_DEFERRED) {
     rtpu_location_set_current(python_location());
   }
   rtpu_op_result* raw = nullptr;
-  check(rtpu_op_call(runtime(), op, args.data(), args.size(), &raw));
+  rtpu_error* error = rtpu_op_call(runtime(), op, args.data(), args.size(), &raw);
+  if (error != nullptr &&
+      rtpu_error_code(error) == RTPU_ERROR_CODE_UNIMPLEMENTED) {
+    *not_lowered = rtpu_error_message(error);
+    rtpu_error_destroy(error);
+    return nullptr;
+  }
+  check(error);
   return ResultPtr(raw);
 }
 
@@ -456,8 +485,25 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = schema.arguments().size();
   const std::vector<c10::IValue> args(
       stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
+  for (size_t i = 0; i < num_args; ++i) {
+    if (holds_imaginary_number(args[i])) {
+      cpu_fallback(
+          op,
+          stack,
+          c10::toString(schema.operator_name()) + ": argument '" +
+              schema.arguments()[i].name() +
+              "' has an imaginary part, which rtpu's op ABI cannot pass");
+      return;
+    }
+  }
   ArgConverter converter(schema, op_device(args));
-  const ResultPtr result = call(found->second, converter.convert(args));
+  std::string not_lowered;
+  const ResultPtr result =
+      call(found->second, converter.convert(args), &not_lowered);
+  if (result == nullptr) {
+    cpu_fallback(op, stack, not_lowered);
+    return;
+  }
 
   const size_t count = rtpu_op_result_count(result.get());
   std::vector<at::Tensor> outputs;
@@ -593,7 +639,9 @@ void device_copy(const at::Tensor& dst, const at::Tensor& src) {
   args[1].tensor = tensor_ref(src);
   args[2].tag = RTPU_ARG_BOOL;
   args[2].bool_value = false;
-  call(copy_op, args);
+  std::string not_lowered;
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      call(copy_op, args, &not_lowered) != nullptr, "rtpu: ", not_lowered);
 }
 
 } // namespace rtpu_torch

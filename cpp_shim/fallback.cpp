@@ -1,5 +1,6 @@
-// The CPU fallback for ops the core does not implement: never silent. Each
-// op warns once and is counted (rtpu.metrics()["cpu_fallbacks"]).
+// The CPU fallback for ops the core does not implement, and for calls it
+// does not lower: never silent. Each op warns once and is counted
+// (rtpu.metrics()["cpu_fallbacks"]).
 
 #include "rtpu_torch.h"
 
@@ -29,7 +30,23 @@ std::string display_name(const c10::OperatorName& op) {
                                   : op.name + "." + op.overload_name;
 }
 
-void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+void unimplemented_op_fallback(
+    const c10::OperatorHandle& op,
+    torch::jit::Stack* stack) {
+  cpu_fallback(op, stack);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(
+      torch::CppFunction::makeFromBoxedFunction<&unimplemented_op_fallback>());
+}
+
+} // namespace
+
+void cpu_fallback(
+    const c10::OperatorHandle& op,
+    torch::jit::Stack* stack,
+    const std::string& reason) {
   const std::string name = display_name(op.operator_name());
   bool first = false;
   {
@@ -40,18 +57,12 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (first) {
     TORCH_WARN(
         "rtpu: ",
-        name,
-        " is not implemented on tpu, so it runs on the CPU (its tensors are "
-        "copied there and back). This warning is shown once per op.");
+        reason.empty() ? name + " is not implemented on tpu" : reason,
+        ", so it runs on the CPU (its tensors are copied there and back). "
+        "This warning is shown once per op.");
   }
   at::native::cpu_fallback(op, stack);
 }
-
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
-}
-
-} // namespace
 
 std::vector<std::pair<std::string, int64_t>> fallback_counts() {
   auto& counts = Counts::get();

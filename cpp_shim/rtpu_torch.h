@@ -131,6 +131,14 @@ void device_copy(const at::Tensor& dst, const at::Tensor& src);
 
 // ----- fallback.cpp --------------------------------------------------------
 
+// Runs `op` on the CPU: the fallback for ops the core does not implement,
+// and for calls it does not lower (`reason` says why; empty for an op with
+// no core lowering at all). Warns once per op and counts every call.
+void cpu_fallback(
+    const c10::OperatorHandle& op,
+    torch::jit::Stack* stack,
+    const std::string& reason = "");
+
 // Ops that ran on the CPU fallback, with their call counts.
 std::vector<std::pair<std::string, int64_t>> fallback_counts();
 

@@ -70,6 +70,25 @@ impl DType {
         }
     }
 
+    /// The dtype of a complex dtype's real and imaginary parts; itself for
+    /// the others.
+    pub fn component(self) -> DType {
+        match self {
+            DType::C64 => DType::F32,
+            DType::C128 => DType::F64,
+            other => other,
+        }
+    }
+
+    /// The complex dtype whose parts are `self`, for float32 and float64.
+    pub fn complex_of(self) -> Option<DType> {
+        match self {
+            DType::F32 => Some(DType::C64),
+            DType::F64 => Some(DType::C128),
+            _ => None,
+        }
+    }
+
     /// Bytes per element in the dense host layout (`bool` is one byte, as in PyTorch).
     pub fn size_in_bytes(self) -> usize {
         match self {

@@ -126,6 +126,11 @@ pub enum Error {
         got: String,
     },
 
+    /// An op this lowering does not cover for these arguments (a complex
+    /// input to a real-only formula); the shim runs such calls on the CPU.
+    #[error("{op} has no tpu lowering for {what}")]
+    NotLowered { op: String, what: String },
+
     #[error("unknown dtype {name:?}")]
     UnknownDType { name: String },
 
@@ -184,7 +189,9 @@ impl Error {
             Error::InvalidArgument { .. } | Error::UnknownDType { .. } => {
                 ErrorCode::InvalidArgument
             }
-            Error::UnsupportedBufferType { .. } => ErrorCode::Unimplemented,
+            Error::UnsupportedBufferType { .. } | Error::NotLowered { .. } => {
+                ErrorCode::Unimplemented
+            }
             Error::DeferredGraph { code, .. }
             | Error::LostValue { code, .. }
             | Error::Collective { code, .. } => *code,

@@ -76,6 +76,10 @@ pub enum UnaryOp {
     Asinh,
     Acosh,
     Atanh,
+    /// A complex value's real part (the result has its component dtype).
+    Real,
+    /// A complex value's imaginary part (the result has its component dtype).
+    Imag,
 }
 
 impl UnaryOp {
@@ -98,6 +102,8 @@ impl UnaryOp {
             UnaryOp::Expm1 => "stablehlo.exponential_minus_one",
             UnaryOp::Sin => "stablehlo.sine",
             UnaryOp::Cos => "stablehlo.cosine",
+            UnaryOp::Real => "stablehlo.real",
+            UnaryOp::Imag => "stablehlo.imag",
             // CHLO ops: XLA legalises them to StableHLO when compiling.
             UnaryOp::Erf => "chlo.erf",
             UnaryOp::Erfc => "chlo.erfc",
@@ -132,6 +138,9 @@ pub enum BinaryOp {
     Xor,
     Atan2,
     ShiftRightLogical,
+    /// Real and imaginary parts into a complex value (the result's dtype is
+    /// the complex one of its operands').
+    Complex,
 }
 
 impl BinaryOp {
@@ -150,6 +159,7 @@ impl BinaryOp {
             BinaryOp::Xor => "stablehlo.xor",
             BinaryOp::Atan2 => "stablehlo.atan2",
             BinaryOp::ShiftRightLogical => "stablehlo.shift_right_logical",
+            BinaryOp::Complex => "stablehlo.complex",
         }
     }
 }
@@ -218,8 +228,11 @@ pub enum Node {
     Iota {
         dim: usize,
     },
+    /// Result dtype = operand dtype, except for `Real`, `Imag` (and `Abs`
+    /// of a complex), which give the component dtype.
     Unary(UnaryOp, ValueId),
-    /// Operands of equal type (result dtype = operand dtype).
+    /// Operands of equal type (result dtype = operand dtype, except for
+    /// `Complex`).
     Binary(BinaryOp, ValueId, ValueId),
     /// Result is bool.
     Compare(CompareDir, ValueId, ValueId),

@@ -243,7 +243,8 @@ fn compare_attrs(dir: CompareDir, dtype: DType) -> String {
         CompareDir::Ge => "GE",
     };
     let kind = match dtype {
-        DType::F16 | DType::BF16 | DType::F32 | DType::F64 => "FLOAT",
+        // Complex values compare (EQ/NE only) as FLOAT, as XLA expects.
+        DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::C64 | DType::C128 => "FLOAT",
         DType::Bool | DType::U8 | DType::U16 | DType::U32 | DType::U64 => "UNSIGNED",
         _ => "SIGNED",
     };

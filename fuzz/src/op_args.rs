@@ -486,7 +486,7 @@ fn make_tensor(
                 let mut acc = 1;
                 for (stride, &size) in strides.iter_mut().zip(&sizes) {
                     *stride = acc;
-                    acc *= size.max(1);
+                    acc = acc.saturating_mul(size.max(1));
                 }
             }
             3 if !sizes.is_empty() => {
@@ -495,7 +495,7 @@ fn make_tensor(
             }
             4 if sizes.iter().any(|&s| s > 1) => {
                 // Every other element.
-                strides = strides.iter().map(|s| s * 2).collect();
+                strides = strides.iter().map(|s| s.saturating_mul(2)).collect();
             }
             _ => {}
         }

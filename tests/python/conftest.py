@@ -23,6 +23,8 @@ TOLERANCES = {
     torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2},
     torch.float32: {"rtol": 1e-5, "atol": 1e-5},
     torch.float64: {"rtol": 1e-12, "atol": 1e-12},
+    torch.complex64: {"rtol": 1e-5, "atol": 1e-5},
+    torch.complex128: {"rtol": 1e-12, "atol": 1e-12},
 }
 
 

@@ -25,11 +25,11 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DTYPE_NAMES = ("float32", "bfloat16")
+DTYPE_NAMES = ("float32", "bfloat16", "complex64")
 # Samples per (op, dtype): enough to see broadcasting and non-contiguous
 # cases, bounded so the full sweep stays minutes, not hours.
 MAX_SAMPLES = 6
-TOLERANCES = {"float32": (1.3e-5, 1e-5), "bfloat16": (1.6e-2, 1e-2), "float64": (1e-7, 1e-7)}
+TOLERANCES = {"float32": (1.3e-5, 1e-5), "bfloat16": (1.6e-2, 1e-2), "float64": (1e-7, 1e-7), "complex64": (1.3e-5, 1e-5)}
 
 
 def op_key(op) -> str:
@@ -86,7 +86,8 @@ def _compare(got, want, dtype_name) -> str | None:
                 return f"{g.dtype}{list(g.shape)} != {w.dtype}{list(w.shape)}"
             if w.is_floating_point() or w.is_complex():
                 if not torch.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True):
-                    diff = (g.double() - w.double()).abs().nan_to_num().max().item()
+                    wide = torch.complex128 if w.is_complex() else torch.float64
+                    diff = (g.to(wide) - w.to(wide)).abs().nan_to_num().max().item()
                     return f"values differ (max abs diff {diff:.3g})"
             elif not torch.equal(g, w):
                 return "values differ"

@@ -2,7 +2,7 @@
 //! dtypes so a mismatch is an error, not a bad program.
 
 use super::{Arg, Builder, ParamSource};
-use crate::dtype::DType;
+use crate::dtype::{Category, DType};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Literal, Node, TensorType, UnaryOp, ValueId};
 
@@ -93,8 +93,13 @@ impl<'a> Builder<'a> {
         self.push(Node::Iota { dim }, TensorType::new(dtype, dims))
     }
 
+    /// `op(x)`: of x's type, except that |x| and the parts of a complex
+    /// `x` have its component dtype.
     pub fn unary(&mut self, op: UnaryOp, x: ValueId) -> ValueId {
-        let ty = self.ty(x).clone();
+        let mut ty = self.ty(x).clone();
+        if matches!(op, UnaryOp::Abs | UnaryOp::Real | UnaryOp::Imag) {
+            ty.dtype = ty.dtype.component();
+        }
         self.push(Node::Unary(op, x), ty)
     }
 
@@ -179,6 +184,50 @@ impl<'a> Builder<'a> {
             );
         }
         self.push(Node::Convert(x), TensorType::new(dtype, &dims))
+    }
+
+    /// The real (`imag`: imaginary) part of a complex `x`; `x` itself
+    /// (zeros) for a real one.
+    pub fn complex_part(&mut self, x: ValueId, imag: bool) -> ValueId {
+        let dtype = self.dtype(x);
+        let dims = self.dims(x);
+        if dtype.category() != Category::Complex {
+            return if imag {
+                self.constant(Literal::Int(0), dtype, &dims)
+            } else {
+                x
+            };
+        }
+        self.unary(if imag { UnaryOp::Imag } else { UnaryOp::Real }, x)
+    }
+
+    /// The complex value `re + i im` of two float32 (or float64) values of
+    /// one type.
+    pub fn complex(&mut self, re: ValueId, im: ValueId) -> Result<ValueId> {
+        let ty = self.ty(re).clone();
+        let complex = ty.dtype.complex_of().filter(|_| *self.ty(im) == ty);
+        let Some(dtype) = complex else {
+            return Err(Error::invalid(
+                format!("{}: complex parts", self.op),
+                "two float32 or float64 values of one shape",
+                format!("{ty} and {}", self.ty(im)),
+            ));
+        };
+        Ok(self.push(
+            Node::Binary(BinaryOp::Complex, re, im),
+            TensorType::new(dtype, &ty.dims),
+        ))
+    }
+
+    /// The complex conjugate of `x`; `x` itself for a real one.
+    pub fn conj(&mut self, x: ValueId) -> Result<ValueId> {
+        if self.dtype(x).category() != Category::Complex {
+            return Ok(x);
+        }
+        let re = self.complex_part(x, false);
+        let im = self.complex_part(x, true);
+        let minus_im = self.unary(UnaryOp::Neg, im);
+        self.complex(re, minus_im)
     }
 
     pub fn bitcast(&mut self, x: ValueId, dtype: DType) -> ValueId {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{host_values, Builder, Mode, ParamSource, PendingOutput, StorageSlot, TensorArg};
-use crate::dtype::DType;
+use crate::dtype::{Category, DType};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Literal, Node, TensorType, ValueId};
 use crate::storage::{Storage, StorageValue, View};
@@ -129,7 +129,9 @@ impl<'a> Builder<'a> {
     }
 
     /// The slot's flat value seen as `dtype`: a bitcast for another dtype of
-    /// the same width, a zeros constant for a never-written storage.
+    /// the same width, a zeros constant for a never-written storage, and
+    /// complex values as their interleaved parts (`x.real`,
+    /// `view_as_real`) or back (`view_as_complex`).
     fn flat_as(&mut self, slot: usize, dtype: DType) -> Result<ValueId> {
         let flat = self.slots[slot].flat;
         let have = self.dtype(flat);
@@ -141,10 +143,28 @@ impl<'a> Builder<'a> {
         if matches!(self.graph.nodes[flat].0, Node::Constant(Literal::Int(0))) {
             return Ok(self.constant(Literal::Int(0), dtype, &[elements]));
         }
-        if have.size_in_bytes() != dtype.size_in_bytes()
-            || dtype == DType::Bool
-            || have == DType::Bool
+        let width = dtype.size_in_bytes();
+        if have.category() == Category::Complex && width == have.component().size_in_bytes() {
+            let n = self.dims(flat)[0];
+            let re = self.complex_part(flat, false);
+            let im = self.complex_part(flat, true);
+            let re = self.reshape(re, &[n, 1])?;
+            let im = self.reshape(im, &[n, 1])?;
+            let pairs = self.concat(&[re, im], 1)?;
+            let interleaved = self.reshape(pairs, &[2 * n])?;
+            return Ok(self.bitcast(interleaved, dtype));
+        }
+        if dtype.category() == Category::Complex
+            && have.size_in_bytes() == dtype.component().size_in_bytes()
         {
+            let n = elements;
+            let flat = self.bitcast(flat, dtype.component());
+            let pairs = self.reshape(flat, &[n, 2])?;
+            let [re, im] = [0, 1].map(|i| self.slice(pairs, &[0, i], &[n, i + 1], &[1, 1]));
+            let (re, im) = (self.reshape(re, &[n])?, self.reshape(im, &[n])?);
+            return self.complex(re, im);
+        }
+        if have.size_in_bytes() != width || dtype == DType::Bool || have == DType::Bool {
             return Err(Error::invalid(
                 format!("{}: a storage holding {have} read as {dtype}", self.op),
                 format!("a dtype of {} bytes", have.size_in_bytes()),

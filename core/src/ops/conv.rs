@@ -2,7 +2,7 @@
 //! transposed) and its backward, as StableHLO convolutions; the backward
 //! follows the standard transposition rules (as JAX derives them).
 
-use super::{accumulate_dtype, is_float, output_if, OpDef};
+use super::{accumulate_dtype, is_float, output_if, real_only, OpDef};
 use crate::builder::{Arg, Builder};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, ReduceOp, ValueId};
@@ -227,6 +227,7 @@ fn conv_weight_grad(
 
 fn check_float(b: &Builder, index: usize) -> Result<()> {
     let dtype = b.tensor_arg(index)?.view.dtype;
+    real_only(b, dtype)?;
     if !is_float(dtype) {
         return Err(b.arg_error(index, "a floating point tensor", dtype));
     }

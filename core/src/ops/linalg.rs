@@ -7,7 +7,7 @@ use super::{
     Form, OpDef,
 };
 use crate::builder::{Arg, Builder};
-use crate::dtype::DType;
+use crate::dtype::{Category, DType};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, UnaryOp, ValueId};
 
@@ -87,8 +87,10 @@ fn addmm(b: &mut Builder, form: Form) -> Result<()> {
 /// The products beside mm/bmm/addmm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Product {
-    /// dot/vdot (real): two vectors.
+    /// dot: two vectors.
     Dot,
+    /// vdot: two vectors, the first conjugated.
+    Vdot,
     /// Matrix-vector, added to self.
     Addmv,
     /// Batched matrices, summed over the batch and added to self.
@@ -101,7 +103,7 @@ enum Product {
 /// baddbmm, with beta/alpha as device inputs.
 fn product(b: &mut Builder, kind: Product, form: Form) -> Result<()> {
     let (lhs, rhs) = match kind {
-        Product::Dot => (0, 1),
+        Product::Dot | Product::Vdot => (0, 1),
         _ => (1, 2),
     };
     let (lv, rv) = (
@@ -110,7 +112,7 @@ fn product(b: &mut Builder, kind: Product, form: Form) -> Result<()> {
     );
     same_dtype(b, lv.dtype, rv.dtype)?;
     let ranks = match kind {
-        Product::Dot => (1, 1),
+        Product::Dot | Product::Vdot => (1, 1),
         Product::Addmv => (2, 1),
         _ => (3, 3),
     };
@@ -124,14 +126,15 @@ fn product(b: &mut Builder, kind: Product, form: Form) -> Result<()> {
     let dtype = lv.dtype;
     let acc = accumulate_dtype(dtype);
     let x = b.tensor(lhs)?;
+    let x = if kind == Product::Vdot { b.conj(x)? } else { x };
     let y = b.tensor(rhs)?;
     let mut p = match kind {
-        Product::Dot => b.dot(x, y, (&[], &[]), (&[0], &[0]), acc)?,
+        Product::Dot | Product::Vdot => b.dot(x, y, (&[], &[]), (&[0], &[0]), acc)?,
         Product::Addmv => b.dot(x, y, (&[], &[]), (&[1], &[0]), acc)?,
         Product::Addbmm => b.dot(x, y, (&[], &[]), (&[0, 2], &[0, 1]), acc)?,
         Product::Baddbmm => b.dot(x, y, (&[0], &[0]), (&[2], &[1]), acc)?,
     };
-    if kind == Product::Dot {
+    if matches!(kind, Product::Dot | Product::Vdot) {
         let p = b.convert(p, dtype);
         return b.output(p);
     }
@@ -160,7 +163,7 @@ fn trace(b: &mut Builder) -> Result<()> {
     if view.sizes.len() != 2 {
         return Err(b.arg_error(0, "a matrix", format!("sizes {:?}", view.sizes)));
     }
-    let dtype = if is_float(view.dtype) {
+    let dtype = if is_float(view.dtype) || view.dtype.category() == Category::Complex {
         view.dtype
     } else {
         DType::I64
@@ -327,8 +330,8 @@ pub(super) fn ops() -> Vec<OpDef> {
         op!("aten::addmm", addmm(F)),
         op!("aten::addmm.out", addmm(F)),
         op!("aten::addmm_", addmm(Form::InPlace)),
-        op!("aten::vdot", product(Product::Dot, F)),
-        op!("aten::vdot.out", product(Product::Dot, F)),
+        op!("aten::vdot", product(Product::Vdot, F)),
+        op!("aten::vdot.out", product(Product::Vdot, F)),
         op!("aten::trace", trace()),
         op!("aten::norm.ScalarOpt_dim", norm(Some(2), None)),
         op!("aten::norm.ScalarOpt_dim_dtype", norm(Some(2), Some(4))),

@@ -18,6 +18,7 @@ mod entries;
 mod activation;
 mod binary;
 mod compare;
+mod complex;
 mod conv;
 mod factory;
 mod foreach;
@@ -76,6 +77,7 @@ pub fn table() -> &'static [OpDef] {
             resample::ops,
             foreach::ops,
             optim::ops,
+            complex::ops,
         ]
         .into_iter()
         .flat_map(|family| family())
@@ -350,6 +352,9 @@ pub(crate) fn operand_pair(
 /// broadcast, converted to float32 for 16-bit inputs; and the result dtype.
 pub(crate) fn binary_operands(b: &mut Builder, float: bool) -> Result<(ValueId, ValueId, DType)> {
     let promoted = result_type(b, &[0, 1])?;
+    if float {
+        real_only(b, promoted)?;
+    }
     let dtype = if float && !is_float(promoted) {
         DType::F32
     } else {
@@ -380,9 +385,23 @@ pub(crate) fn wide_float(dtype: DType) -> DType {
     }
 }
 
-/// Errors unless `dtype` (of the op's `what`) is a floating point type.
+/// Errors unless `dtype` (of the op's `what`) is a floating point type; a
+/// complex one is a call the shim runs on the CPU instead.
 pub(crate) fn require_float(b: &Builder, what: &str, dtype: DType) -> Result<()> {
+    real_only(b, dtype)?;
     ensure(b, is_float(dtype), what, "a floating point tensor", dtype)
+}
+
+/// Refuses a complex `dtype` for an op whose lowering is a real-only
+/// formula, as a call not lowered (the shim then runs it on the CPU).
+pub(crate) fn real_only(b: &Builder, dtype: DType) -> Result<()> {
+    if dtype.category() == Category::Complex {
+        return Err(Error::NotLowered {
+            op: b.op_name().to_string(),
+            what: format!("{dtype} tensors"),
+        });
+    }
+    Ok(())
 }
 
 /// Errors unless `ok`, naming the op's `what` and what was `expected`.

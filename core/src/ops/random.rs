@@ -3,7 +3,7 @@
 //! bernoulli, exponential, geometric, log-normal, Cauchy; and dropout's
 //! backward.
 
-use super::{broadcast_scalar, is_float, require_float, wide_float, OpDef};
+use super::{broadcast_scalar, require_float, wide_float, OpDef};
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -249,9 +249,7 @@ enum Fill {
 /// the two parameters (one for the one-parameter forms).
 fn random_fill(b: &mut Builder, kind: Fill) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
-    if !is_float(view.dtype) {
-        return Err(b.arg_error(0, "a floating point tensor", view.dtype));
-    }
+    require_float(b, "self", view.dtype)?;
     let two_params = matches!(kind, Fill::LogNormal | Fill::Cauchy);
     let generator = if two_params { 3 } else { 2 };
     let work = wide_float(view.dtype);

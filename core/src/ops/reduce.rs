@@ -4,8 +4,8 @@
 
 use super::{
     accumulate_dtype, all_dims, at_least_1d, finish, is_float, is_integral, keep_dims,
-    keepdim_shape, output_as, reduce_dims, reduce_extreme, reduced, reduced_shape, require_float,
-    require_nonempty_dim, wrap_dim, wrap_dims, Arith, Form, OpDef,
+    keepdim_shape, output_as, real_only, reduce_dims, reduce_extreme, reduced, reduced_shape,
+    require_float, require_nonempty_dim, wrap_dim, wrap_dims, Arith, Form, OpDef,
 };
 use crate::builder::{Arg, Builder};
 use crate::dtype::DType;
@@ -190,6 +190,7 @@ fn var_std(b: &mut Builder, std: bool, with_mean: bool) -> Result<()> {
 /// still reaches the sum, so a row holding one gives NaN, as in torch.
 fn logsumexp(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
+    real_only(b, view.dtype)?;
     let dtype = if is_float(view.dtype) {
         view.dtype
     } else {

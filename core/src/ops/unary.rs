@@ -2,11 +2,13 @@
 //! mish), rounding and sign, relu, negation and absolute value,
 //! bitwise/logical not, nan_to_num, logit.
 
-use super::{accumulate_dtype, ensure, finish, is_float, is_integral, Arith, Form, OpDef};
+use super::{
+    accumulate_dtype, ensure, finish, is_float, is_integral, real_only, Arith, Form, OpDef,
+};
 use crate::builder::{Arg, Builder};
-use crate::dtype::DType;
+use crate::dtype::{Category, DType};
 use crate::error::{Error, Result};
-use crate::ir::{CompareDir, Literal, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, CompareDir, Literal, UnaryOp, ValueId};
 
 /// Unary float functions; integer and bool inputs compute in float32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,10 +50,35 @@ pub(super) enum Unary {
 }
 
 impl Unary {
-    /// Complex inputs keep their dtype (the others compute in float32).
-    fn keeps_complex(self) -> bool {
+    /// Whether the lowering computes complex inputs (in their dtype).
+    fn takes_complex(self) -> bool {
         use Unary::*;
-        matches!(self, Exp | Log | Sqrt | Rsqrt | Tanh | Sigmoid)
+        matches!(
+            self,
+            Exp | Log
+                | Sqrt
+                | Rsqrt
+                | Tanh
+                | Sigmoid
+                | Log1p
+                | Expm1
+                | Sin
+                | Cos
+                | Tan
+                | Atan
+                | Asin
+                | Acos
+                | Sinh
+                | Cosh
+                | Asinh
+                | Acosh
+                | Atanh
+                | Log2
+                | Log10
+                | Reciprocal
+                | Exp2
+                | Angle
+        )
     }
 
     /// Composite formulas compute 16-bit floats in float32 and round once.
@@ -190,12 +217,25 @@ fn composite_unary(
 
 fn float_unary(b: &mut Builder, f: Unary, form: Form) -> Result<()> {
     let input = b.tensor_arg(0)?.view.dtype;
-    let complex = matches!(input, DType::C64 | DType::C128);
-    let dtype = if is_float(input) || complex && f.keeps_complex() {
-        input
-    } else {
-        DType::F32
-    };
+    if input.category() == Category::Complex {
+        if !f.takes_complex() {
+            return Err(Error::NotLowered {
+                op: b.op_name().to_string(),
+                what: format!("{input} inputs"),
+            });
+        }
+        let x = b.tensor(0)?;
+        let out = if f == Unary::Angle {
+            // The argument of x, in its component dtype.
+            let re = b.complex_part(x, false);
+            let im = b.complex_part(x, true);
+            b.binary(BinaryOp::Atan2, im, re)?
+        } else {
+            apply(b, f, x)?
+        };
+        return finish(b, form, out);
+    }
+    let dtype = if is_float(input) { input } else { DType::F32 };
     let compute = if f.widens() {
         accumulate_dtype(dtype)
     } else {
@@ -217,15 +257,21 @@ enum Rounding {
     Trunc,
     Frac,
     Sign,
+    /// sgn: sign, and x / |x| for a complex x.
+    Sgn,
 }
 
 fn rounding(b: &mut Builder, kind: Rounding, form: Form) -> Result<()> {
     let x = b.tensor(0)?;
     let dtype = b.dtype(x);
+    if kind != Rounding::Sgn {
+        real_only(b, dtype)?;
+    }
     let out = if !is_float(dtype) {
         match kind {
-            Rounding::Sign if dtype == DType::Bool => x,
-            Rounding::Sign => b.unary(UnaryOp::Sign, x),
+            Rounding::Sign | Rounding::Sgn if dtype == DType::Bool => x,
+            // stablehlo.sign of a complex is x / |x| (0 at 0).
+            Rounding::Sign | Rounding::Sgn => b.unary(UnaryOp::Sign, x),
             Rounding::Frac => {
                 return Err(Error::invalid(
                     format!("{}: input", b.op_name()),
@@ -240,7 +286,7 @@ fn rounding(b: &mut Builder, kind: Rounding, form: Form) -> Result<()> {
             Rounding::Floor => b.unary(UnaryOp::Floor, x),
             Rounding::Ceil => b.unary(UnaryOp::Ceil, x),
             Rounding::Round => b.unary(UnaryOp::RoundNearestEven, x),
-            Rounding::Sign => sign(b, x)?,
+            Rounding::Sign | Rounding::Sgn => sign(b, x)?,
             Rounding::Trunc | Rounding::Frac => {
                 let t = trunc(b, x)?;
                 if kind == Rounding::Frac {
@@ -470,7 +516,7 @@ pub(super) fn ops() -> Vec<OpDef> {
     ops.extend(forms!("aten::trunc", rounding(Rounding::Trunc)));
     ops.extend(forms!("aten::frac", rounding(Rounding::Frac)));
     ops.extend(forms!("aten::sign", rounding(Rounding::Sign)));
-    ops.extend(forms!("aten::sgn", rounding(Rounding::Sign)));
+    ops.extend(forms!("aten::sgn", rounding(Rounding::Sgn)));
     ops.extend(overloads!("aten::round", ["decimals"], round_decimals()));
     ops.extend(forms!("aten::neg", same_unary(neg)));
     ops.extend(forms!("aten::abs", same_unary(abs)));
