@@ -30,6 +30,14 @@ def test_import_torch_autoloads_rtpu():
     assert "True tpu" in result.stdout
 
 
+def test_import_and_first_use_print_no_warning():
+    # e.g. an op-table entry the shim cannot register warns at import.
+    result = run("import torch\nprint(torch.ones(2, device='tpu').cpu())\n")
+    assert result.returncode == 0, result.stderr
+    noise = [line for line in result.stderr.splitlines() if "arning" in line]
+    assert not noise, result.stderr
+
+
 def test_import_rtpu_first_works_as_well():
     # torch, imported by rtpu, autoloads rtpu while it is half initialised.
     result = run("import rtpu, torch\nprint(torch.ones(2, device='tpu').cpu())\n")

@@ -48,7 +48,13 @@ fn from_parts(b: &mut Builder, polar: bool) -> Result<()> {
 
 pub(super) fn ops() -> Vec<OpDef> {
     let mut ops = Vec::new();
-    ops.extend(forms!("aten::conj_physical", conj_physical()));
+    // The functional conj_physical decomposes into these (it is
+    // CompositeImplicitAutograd).
+    ops.push(op!(
+        "aten::conj_physical.out",
+        conj_physical(Form::Functional)
+    ));
+    ops.push(op!("aten::conj_physical_", conj_physical(Form::InPlace)));
     ops.extend(with_out!("aten::complex", from_parts(false)));
     ops.extend(with_out!("aten::polar", from_parts(true)));
     ops

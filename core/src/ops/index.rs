@@ -214,23 +214,6 @@ pub(super) fn plane_positions(
     b.add(base, idx)
 }
 
-/// The host values of `index`, negative ones wrapped against `size`;
-/// `out_of_range` names a value outside `[-size, size)`.
-pub(super) fn wrapped_indices(
-    index: &TensorArg,
-    size: i64,
-    out_of_range: impl FnOnce(i64) -> Error,
-) -> Result<Vec<i64>> {
-    let values = host_values(index)?;
-    if let Some(&bad) = values.iter().find(|&&v| v < -size || v >= size) {
-        return Err(out_of_range(bad));
-    }
-    Ok(values
-        .iter()
-        .map(|&v| if v < 0 { v + size } else { v })
-        .collect())
-}
-
 /// index.Tensor(self, indices).
 fn index(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
@@ -268,7 +251,7 @@ fn index_put(b: &mut Builder, form: Form) -> Result<()> {
 }
 
 /// Checks every index is in `[-size, size)`: a bad index is a clear error.
-fn check_indices(b: &mut Builder, index: usize, size: i64) -> Result<()> {
+pub(super) fn check_indices(b: &mut Builder, index: usize, size: i64) -> Result<()> {
     let t = b.tensor_arg(index)?;
     if matches!(t.view.dtype, DType::Bool) || is_float(t.view.dtype) {
         return Err(b.arg_error(index, "an integer index tensor", t.view.dtype));
@@ -286,7 +269,7 @@ fn check_indices(b: &mut Builder, index: usize, size: i64) -> Result<()> {
 /// Flat storage indices into `x_dims` (row-major) for an output of
 /// `out_dims`, taking `index_value` (s64, of `out_dims`) along `dim` and the
 /// output position elsewhere. Negative indices wrap.
-fn flat_indices(
+pub(super) fn flat_indices(
     b: &mut Builder,
     x_dims: &[i64],
     out_dims: &[i64],
@@ -377,16 +360,16 @@ fn gather(b: &mut Builder) -> Result<()> {
 /// take(self, index): elements of the flattened input.
 fn take(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
-    let index = b.tensor_arg(1)?.clone();
+    let index = b.tensor_arg(1)?.view.clone();
     let n = view.numel() as i64;
-    let wrapped = wrapped_indices(&index, n, |bad| {
-        Error::invalid(
-            "aten::take: index",
-            format!("indices in [{}, {n})", -n),
-            format!("index {bad} is out of range"),
-        )
-    })?;
-    let idx = b.host_tensor(bytes_of(&wrapped), DType::I64, &index.view.sizes);
+    check_indices(b, 1, n)?;
+    let idx = b.tensor(1)?;
+    let idx = b.convert(idx, DType::I64);
+    let size = b.constant(Literal::Int(n), DType::I64, &index.sizes);
+    let zero = b.constant(Literal::Int(0), DType::I64, &index.sizes);
+    let negative = b.compare(CompareDir::Lt, idx, zero)?;
+    let wrapped = b.add(idx, size)?;
+    let idx = b.select(negative, wrapped, idx)?;
     let x = b.tensor(0)?;
     let flat = b.reshape(x, &[n])?;
     let out = b.flat_gather(flat, idx);

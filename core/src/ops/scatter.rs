@@ -2,7 +2,7 @@
 //! masked_fill and masked_scatter, and the embedding backward.
 
 use super::index::{
-    bool_mask, bytes_of, flat_positions, host_values, mask_positions, wrapped_indices,
+    bool_mask, bytes_of, check_indices, flat_indices, flat_positions, host_values, mask_positions,
 };
 use super::{
     at_least_1d, broadcast_scalar, finish, float_input, is_float, wrap_dim, Arith, Form, OpDef,
@@ -262,24 +262,24 @@ fn masked_fill(b: &mut Builder, form: Form) -> Result<()> {
 }
 
 /// Flat positions in self (sizes `dims`) of every element of a block that
-/// has self's shape except `index.len()` along `d`, placed at the
-/// host-checked indices of argument 2. Returns (positions, block dims).
+/// has self's shape except `index.len()` along `d`, placed at the indices
+/// of argument 2 (checked on the device, negatives wrapped), so a graph
+/// with index_copy_ (a static KV cache) needs no host read. Returns
+/// (positions, block dims).
 fn along_positions(b: &mut Builder, dims: &[i64], d: usize) -> Result<(ValueId, Vec<i64>)> {
-    let index = b.tensor_arg(2)?.clone();
-    let what = format!("{}: index", b.op_name());
-    let wrapped = wrapped_indices(&index, dims[d], |bad| {
-        Error::invalid(
-            what,
-            format!("indices in [0, {})", dims[d]),
-            format!("index {bad} is out of range"),
-        )
-    })?;
-    let k = wrapped.len() as i64;
+    let index = b.tensor_arg(2)?.view.clone();
+    if index.sizes.len() > 1 {
+        return Err(b.arg_error(2, "a 0-D or 1-D index", format!("sizes {:?}", index.sizes)));
+    }
+    check_indices(b, 2, dims[d])?;
+    let k = index.numel() as i64;
     let mut upd_dims = dims.to_vec();
     upd_dims[d] = k;
-    let idx = b.host_tensor(bytes_of(&wrapped), DType::I64, &[k]);
+    let idx = b.tensor(2)?;
+    let idx = b.convert(idx, DType::I64);
+    let idx = b.reshape(idx, &[k])?;
     let idx = b.broadcast_in_dim(idx, &upd_dims, &[d as i64]);
-    let flat = flat_positions(b, dims, &upd_dims, d, idx)?;
+    let flat = flat_indices(b, dims, &upd_dims, d, idx)?;
     Ok((flat, upd_dims))
 }
 
@@ -291,7 +291,7 @@ enum Along {
     Fill,
 }
 
-/// index_add/index_copy/index_fill along `dim` at `index` (host-checked).
+/// index_add/index_copy/index_fill along `dim` at `index`.
 fn index_along(b: &mut Builder, kind: Along, form: Form) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
     let dims = at_least_1d(&view.sizes);
