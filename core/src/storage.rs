@@ -166,11 +166,12 @@ pub struct View {
 }
 
 impl View {
-    /// A contiguous view of `sizes` starting at element 0.
+    /// A contiguous view of `sizes` starting at element 0. Strides past
+    /// 2^63 (only an empty view's sizes can ask for them) saturate.
     pub fn contiguous(sizes: &[i64], dtype: DType) -> View {
         let mut strides = vec![1i64; sizes.len()];
         for i in (0..sizes.len().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1] * sizes[i + 1].max(1);
+            strides[i] = strides[i + 1].saturating_mul(sizes[i + 1].max(1));
         }
         View {
             offset: 0,

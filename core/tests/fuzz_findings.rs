@@ -208,7 +208,15 @@ fn outputs_whose_element_count_overflows_are_refused() {
     refused(
         "aten::eye.m_out",
         &[Arg::Int(1 << 40), Arg::Int(1 << 40), out],
-        "fits in 64 bits",
+        "fit in 64 bits",
+    );
+    // An empty input whose other sizes are huge: the output's element
+    // count fits (0), its contiguous strides did not.
+    let empty = strided(0, &[0, i64::MAX, 5, 1], &[i64::MAX, 5, 1, 1]);
+    refused(
+        "aten::neg",
+        &[Arg::Tensor(empty)],
+        "element count and strides fit",
     );
 }
 

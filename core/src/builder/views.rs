@@ -344,17 +344,19 @@ impl<'a> Builder<'a> {
     pub fn output(&mut self, value: ValueId) -> Result<()> {
         let sizes = self.dims(value);
         // Sizes an op computed from its arguments (eye's n x m) may not
-        // have an element count at all.
-        let numel = sizes
+        // have an element count at all, or (with a 0 among them) contiguous
+        // strides that do not fit.
+        sizes
             .iter()
-            .try_fold(1i64, |acc, &s| acc.checked_mul(s))
+            .try_fold(1i64, |acc, &s| acc.checked_mul(s.max(1)))
             .ok_or_else(|| {
                 Error::invalid(
                     format!("{}: output", self.op),
-                    "sizes whose element count fits in 64 bits",
+                    "sizes whose element count and strides fit in 64 bits",
                     format!("{sizes:?}"),
                 )
             })?;
+        let numel = sizes.iter().product::<i64>();
         let flat = self.reshape(value, &[numel])?;
         self.outputs.push(PendingOutput::New { value: flat, sizes });
         Ok(())
