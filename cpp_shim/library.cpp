@@ -114,13 +114,19 @@ std::string op_platform_name() {
   return rtpu_runtime_platform_name(runtime());
 }
 
-std::tuple<std::string, std::string> op_device_info(int64_t device) {
+// The device's kind, description and core count (-1 when the plugin does
+// not report one, as the CPU plugin does not).
+std::tuple<std::string, std::string, int64_t> op_device_info(int64_t device) {
   check_device_index(static_cast<c10::DeviceIndex>(device));
   rtpu_device_info info{};
   info.struct_size = RTPU_DEVICE_INFO_STRUCT_SIZE;
   check(rtpu_runtime_device_info(
       runtime(), static_cast<size_t>(device), &info));
-  return {info.kind, info.description};
+  bool found = false;
+  int64_t cores = -1;
+  check(rtpu_runtime_device_int_attribute(
+      runtime(), static_cast<size_t>(device), "num_cores", &found, &cores));
+  return {info.kind, info.description, found ? cores : -1};
 }
 
 at::Generator op_default_generator(int64_t device) {
@@ -162,7 +168,9 @@ TORCH_LIBRARY(rtpu, m) {
   m.def("synchronize(int device) -> ()", TORCH_FN(op_synchronize));
   m.def("platform_name() -> str", TORCH_FN(op_platform_name));
   // The device's kind ("TPU v5 lite", "cpu") and description.
-  m.def("device_info(int device) -> (str kind, str description)", TORCH_FN(op_device_info));
+  m.def(
+      "device_info(int device) -> (str kind, str description, int cores)",
+      TORCH_FN(op_device_info));
   m.def("default_generator(int device) -> Generator?", TORCH_FN(op_default_generator));
   // The seed is a uint64 passed as int64 bits.
   m.def("manual_seed_all(int seed) -> ()", TORCH_FN(op_manual_seed_all));

@@ -1235,6 +1235,14 @@ const char *rtpu_runtime_platform_version(const struct rtpu_runtime *runtime);
 size_t rtpu_runtime_device_count(const struct rtpu_runtime *runtime);
 
 /**
+ * Reads the integer attribute `name` (NUL-terminated, e.g. "num_cores",
+ * which TPU plugins report) of device `index`'s description: sets
+ * `*found_out`, and `*value_out` when found. Attributes and their names are
+ * the plugin's own; the CPU plugin reports none of them. Thread-safe.
+ */
+struct rtpu_error *rtpu_runtime_device_int_attribute(const struct rtpu_runtime *runtime, size_t index, const char *name, bool *found_out, int64_t *value_out);
+
+/**
  * Fills `*info_out` for device `index` (0-based, below
  * `rtpu_runtime_device_count`). The caller sets `info_out->struct_size`;
  * only fields within it are written, and only on success. Strings in it are

@@ -281,6 +281,37 @@ pub extern "C" fn rtpu_runtime_device_count(runtime: *const rtpu_runtime) -> usi
     })
 }
 
+/// Reads the integer attribute `name` (NUL-terminated, e.g. "num_cores",
+/// which TPU plugins report) of device `index`'s description: sets
+/// `*found_out`, and `*value_out` when found. Attributes and their names are
+/// the plugin's own; the CPU plugin reports none of them. Thread-safe.
+#[no_mangle]
+pub extern "C" fn rtpu_runtime_device_int_attribute(
+    runtime: *const rtpu_runtime,
+    index: usize,
+    name: *const c_char,
+    found_out: *mut bool,
+    value_out: *mut i64,
+) -> *mut rtpu_error {
+    fallible("rtpu_runtime_device_int_attribute", || {
+        // SAFETY: a non-NULL handle is live per the docs.
+        let rt = unsafe { runtime_ref(runtime) }?;
+        // SAFETY: a non-NULL name is NUL-terminated per the docs.
+        let name = unsafe { c_str(name, "name") }?;
+        let found_out = out_ptr(found_out, "found_out")?;
+        let value_out = out_ptr(value_out, "value_out")?;
+        let value = rt.client.device(index)?.int_attribute(name)?;
+        // SAFETY: both checked non-NULL; caller-owned.
+        unsafe {
+            found_out.write(value.is_some());
+            if let Some(v) = value {
+                value_out.write(v);
+            }
+        }
+        Ok(())
+    })
+}
+
 /// Fills `*info_out` for device `index` (0-based, below
 /// `rtpu_runtime_device_count`). The caller sets `info_out->struct_size`;
 /// only fields within it are written, and only on success. Strings in it are

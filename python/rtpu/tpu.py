@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import random
 from typing import Any
 
@@ -130,13 +131,19 @@ class _DeviceProperties:
     description: str
     total_memory: int
     """Bytes; the host's memory on the CPU plugin, whose devices use it."""
+    multi_processor_count: int
+    """Cores (CUDA's name, which tools read): the plugin's `num_cores` (TPU
+    cores of the chip); the host's CPUs on the CPU plugin, whose devices
+    share them."""
 
 
 def get_device_properties(device: Any = None) -> _DeviceProperties:
     index = _index(device)
-    kind, description = _ops.device_info(index)
+    kind, description, cores = _ops.device_info(index)
     _, total = mem_get_info(index)
-    return _DeviceProperties(kind, _ops.platform_name(), description, total)
+    if cores < 0:
+        cores = os.cpu_count() or 1
+    return _DeviceProperties(kind, _ops.platform_name(), description, total, cores)
 
 
 def get_device_name(device: Any = None) -> str:

@@ -103,6 +103,13 @@ static void bad_runtime_queries(rtpu_runtime *rt) {
   info.struct_size = 4;
   CHECK_ERROR(rtpu_runtime_device_info(rt, 0, &info), INVALID, "struct_size");
   CHECK(info.kind == NULL);
+
+  bool found = false;
+  int64_t value = 0;
+  CHECK_ERROR(rtpu_runtime_device_int_attribute(rt, 0, NULL, &found, &value), INVALID, "name");
+  CHECK_ERROR(rtpu_runtime_device_int_attribute(rt, 0, "num_cores", NULL, &value), INVALID, "found_out");
+  CHECK_ERROR(rtpu_runtime_device_int_attribute(rt, rtpu_runtime_device_count(rt), "num_cores", &found, &value),
+              INVALID, "device index");
 }
 
 static void bad_buffers(rtpu_runtime *rt) {

@@ -70,6 +70,11 @@ int main(void) {
     CHECK(strlen(info.kind) > 0);
     CHECK(strlen(info.description) > 0);
     CHECK(!info.has_memory_stats || info.bytes_in_use >= 0);
+    /* The CPU plugin's devices report no core count; TPUs do. */
+    bool found = true;
+    int64_t cores = -7;
+    CHECK_OK(rtpu_runtime_device_int_attribute(rt, i, "num_cores", &found, &cores));
+    CHECK(!found && cores == -7);
   }
 
   /* Fresh random inputs in [-1, 1); the seed is printed to replay a failure. */

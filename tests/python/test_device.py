@@ -1,5 +1,6 @@
 """The `tpu` device itself: registration, torch.tpu, memory stats, RNG."""
 
+import os
 import threading
 import time
 
@@ -239,11 +240,13 @@ def test_a_tensor_on_another_tpu_device_is_refused(two_devices):
 
 
 def test_device_name_and_properties_come_from_the_plugin():
-    kind, _ = torch.ops.rtpu.device_info(0)
+    kind, _, cores = torch.ops.rtpu.device_info(0)
     props = torch.tpu.get_device_properties(0)
     assert props.name == kind == torch.tpu.get_device_name() == torch.tpu.get_device_name("tpu:0") != ""
     assert props.platform == torch.ops.rtpu.platform_name()
     assert props.total_memory == torch.tpu.mem_get_info(0)[1] > 0
+    # The CPU plugin reports no core count: its devices share the host's CPUs.
+    assert cores == -1 and props.multi_processor_count == os.cpu_count()
     assert torch.tpu.get_device_properties(torch.device("tpu")) == props
     with pytest.raises(RuntimeError, match="out of range"):
         torch.tpu.get_device_properties(torch.tpu.device_count())

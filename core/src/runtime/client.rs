@@ -275,6 +275,36 @@ impl Device {
         Ok(unsafe { owned_string(args.device_kind, args.device_kind_size) })
     }
 
+    /// The integer attribute `name` of the device's description (TPUs
+    /// report `num_cores`, `core_on_chip`), or `None` when the plugin does
+    /// not report it.
+    pub fn int_attribute(&self, name: &str) -> Result<Option<i64>> {
+        let mut args = sys::PJRT_DeviceDescription_Attributes_Args::new();
+        args.device_description = self.description()?;
+        // SAFETY: the description belongs to this live device.
+        unsafe {
+            pjrt_call!(
+                self.client.plugin,
+                PJRT_DeviceDescription_Attributes,
+                &mut args
+            )
+        }?;
+        if args.attributes.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: PJRT returns `num_attributes` values owned by the
+        // description, which lives as long as the device.
+        let attributes =
+            unsafe { std::slice::from_raw_parts(args.attributes, args.num_attributes) };
+        Ok(attributes.iter().find_map(|a| {
+            // SAFETY: each name is `name_size` bytes owned by the description.
+            let key = unsafe { std::slice::from_raw_parts(a.name.cast::<u8>(), a.name_size) };
+            let is_int = a.type_ == sys::PJRT_NamedValue_Type_PJRT_NamedValue_kInt64;
+            // SAFETY: a kInt64 value holds `int64_value`.
+            (key == name.as_bytes() && is_int).then(|| unsafe { a.__bindgen_anon_1.int64_value })
+        }))
+    }
+
     /// A short human-readable description, e.g. `TFRT_CPU_0`.
     pub fn description_string(&self) -> Result<String> {
         let mut args = sys::PJRT_DeviceDescription_ToString_Args::new();

@@ -45,6 +45,7 @@ args_structs!(
     PJRT_Client_Compile_Args,
     PJRT_Device_GetDescription_Args,
     PJRT_Device_MemoryStats_Args,
+    PJRT_DeviceDescription_Attributes_Args,
     PJRT_DeviceDescription_Id_Args,
     PJRT_DeviceDescription_Kind_Args,
     PJRT_DeviceDescription_ToString_Args,
