@@ -300,8 +300,11 @@ impl Device {
             // SAFETY: each name is `name_size` bytes owned by the description.
             let key = unsafe { std::slice::from_raw_parts(a.name.cast::<u8>(), a.name_size) };
             let is_int = a.type_ == sys::PJRT_NamedValue_Type_PJRT_NamedValue_kInt64;
+            if key != name.as_bytes() || !is_int {
+                return None;
+            }
             // SAFETY: a kInt64 value holds `int64_value`.
-            (key == name.as_bytes() && is_int).then(|| unsafe { a.__bindgen_anon_1.int64_value })
+            Some(unsafe { a.__bindgen_anon_1.int64_value })
         }))
     }
 
