@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
-import rtpu  # noqa: F401  (registers the tpu backend when autoload is off)
+import rtpu
 
 DEVICE = "tpu"
 # The test's timeout is longer: a hang shows as this error, not as a kill.
@@ -280,6 +280,53 @@ def cpu_tensors_on_a_mixed_group():
         t = torch.full((2,), float(dist.get_rank() + 1), device=device)
         dist.all_reduce(t)
         assert t.cpu().tolist() == [3.0, 3.0], (device, t)
+    dist.destroy_process_group()
+
+
+def subgroups_coalescing_steps_and_compiled_collectives():
+    """A new_group subgroup, coalesced collectives, and collectives inside
+    rtpu.step() and a torch.compile'd function equal gloo's results."""
+    dist.init_process_group("tpu", timeout=TIMEOUT)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    x = random((4, 3), torch.float32, rank)
+    expected = x.clone()
+    dist.all_reduce(expected, group=gloo)
+
+    pair = dist.new_group([0, 1], backend="tpu")
+    t = x.to(DEVICE)
+    dist.all_reduce(t, group=pair)
+    same(t, expected, "all_reduce on a new_group")
+    alone = dist.new_group([1], backend="tpu")
+    if rank == 1:
+        t = x.to(DEVICE)
+        dist.all_reduce(t, group=alone)
+        same(t, x, "all_reduce on a one-rank group")
+
+    a, b = x.to(DEVICE), (x * 2).to(DEVICE)
+    with dist._coalescing_manager(async_ops=True) as coalesced:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    coalesced.wait()
+    same(a, expected, "coalesced all_reduce")
+    same(b, expected * 2, "coalesced all_reduce")
+
+    # In a step: the pending graph runs up to the collective, which then
+    # reads its input; the ops after it record into the next graph.
+    t = x.to(DEVICE)
+    with rtpu.step():
+        y = t * 2
+        dist.all_reduce(y)
+        z = y + 1
+    same(z, expected * 2 + 1, "all_reduce inside rtpu.step()")
+
+    def compiled_step(v):
+        return funcol.all_reduce(v * 2, "sum", dist.group.WORLD) + 1
+
+    compiled = torch.compile(compiled_step, backend="tpu")
+    for _ in range(2):
+        same(compiled(x.to(DEVICE)), expected * 2 + 1, "funcol all_reduce under torch.compile")
+    dist.barrier()
     dist.destroy_process_group()
 
 

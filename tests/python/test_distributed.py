@@ -41,6 +41,7 @@ def run_ranks(case: str, timeout: int = 150) -> str:
         "fsdp2_matches_one_process",
         "bad_input_gives_errors_on_every_rank",
         "cpu_tensors_on_a_mixed_group",
+        "subgroups_coalescing_steps_and_compiled_collectives",
         "a_rank_that_exits_gives_its_peer_an_error",
     ],
 )
