@@ -185,13 +185,6 @@ impl View {
         self.sizes.iter().map(|&s| s.max(0) as usize).product()
     }
 
-    /// The element count, or None past 2^64 (a view `check_within` refuses).
-    fn checked_numel(&self) -> Option<u64> {
-        self.sizes
-            .iter()
-            .try_fold(1u64, |n, &s| n.checked_mul(u64::try_from(s).ok()?))
-    }
-
     /// True when the view is the row-major layout of its sizes (ignoring
     /// strides of size-1 dims, as ATen does).
     pub fn is_contiguous(&self) -> bool {
@@ -235,10 +228,19 @@ impl View {
                 "more",
             )
         };
-        match self.checked_numel() {
-            None => return Err(too_large()),
-            Some(0) => return Ok(()),
-            Some(_) => {}
+        // Sizes whose contiguous strides overflow (possible with a 0 among
+        // them, and then the element count fits) would overflow the partial
+        // products lowerings compute.
+        let strides_fit = self
+            .sizes
+            .iter()
+            .try_fold(1i64, |n, &s| n.checked_mul(s.max(1)))
+            .is_some();
+        if !strides_fit {
+            return Err(too_large());
+        }
+        if self.numel() == 0 {
+            return Ok(());
         }
         let last = self
             .sizes

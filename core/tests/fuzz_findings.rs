@@ -210,13 +210,21 @@ fn outputs_whose_element_count_overflows_are_refused() {
         &[Arg::Int(1 << 40), Arg::Int(1 << 40), out],
         "fit in 64 bits",
     );
-    // An empty input whose other sizes are huge: the output's element
-    // count fits (0), its contiguous strides did not.
+}
+
+#[test]
+fn empty_inputs_with_huge_sizes_are_refused_before_lowering() {
+    // A 0 makes these empty, but their other sizes have no contiguous
+    // strides in 64 bits: neg's output view overflowed computing them, and
+    // upsample's lowering multiplying the leading sizes. Such views are
+    // refused for every op before it lowers.
     let empty = strided(0, &[0, i64::MAX, 5, 1], &[i64::MAX, 5, 1, 1]);
+    refused("aten::neg", &[Arg::Tensor(empty)], "fit in 64 bits");
+    let empty = Arg::Tensor(strided(0, &[1 << 62, 4, 0], &[0, 0, 1]));
     refused(
-        "aten::neg",
-        &[Arg::Tensor(empty)],
-        "element count and strides fit",
+        "aten::upsample_nearest1d",
+        &[empty, Arg::IntList(vec![2]), Arg::None],
+        "fit in 64 bits",
     );
 }
 
