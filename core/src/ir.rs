@@ -489,4 +489,47 @@ impl Graph {
     pub fn ty(&self, value: ValueId) -> &TensorType {
         &self.nodes[value].1
     }
+
+    /// The graph restricted to what `outputs` need, with parameters renumbered;
+    /// also returns the old index of each kept parameter.
+    pub fn prune(&self, outputs: &[ValueId]) -> (Graph, Vec<usize>) {
+        let n = self.nodes.len();
+        let mut live = vec![false; n];
+        for &o in outputs {
+            live[o] = true;
+        }
+        for id in (0..n).rev() {
+            if live[id] {
+                let mut node = self.nodes[id].0.clone();
+                node.for_each_operand_mut(|v| live[*v] = true);
+            }
+        }
+        let mut new_id = vec![usize::MAX; n];
+        let mut kept_params = Vec::new();
+        let mut params = Vec::new();
+        let mut nodes = Vec::with_capacity(n);
+        for (id, (node, ty)) in self.nodes.iter().enumerate() {
+            if !live[id] {
+                continue;
+            }
+            let mut node = node.clone();
+            match &mut node {
+                Node::Param(i) => {
+                    kept_params.push(*i);
+                    params.push(self.params[*i].clone());
+                    *i = params.len() - 1;
+                }
+                other => other.for_each_operand_mut(|v| *v = new_id[*v]),
+            }
+            new_id[id] = nodes.len();
+            nodes.push((node, ty.clone()));
+        }
+        let pruned = Graph {
+            params,
+            nodes,
+            outputs: outputs.iter().map(|&o| new_id[o]).collect(),
+            donors: Vec::new(),
+        };
+        (pruned, kept_params)
+    }
 }

@@ -10,12 +10,13 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use super::checks::{self, OnFailure};
-use super::deferred::{self, CapturedOutput, RanGraph, RecordedOp, Source, SplicedParam};
+use super::deferred::{self, CapturedOutput, RecordedOp, Source, SplicedParam};
 use super::location;
 use super::mode::{self, Mode};
 use super::{host_input, work, Output, TensorArg};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
+use crate::ir::Graph;
 use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client, ExecuteOptions, LoadedExecutable};
 use crate::storage::{Storage, StorageValue, View};
@@ -186,6 +187,24 @@ fn broken(reason: String) {
     if let Some(state) = capture().as_mut() {
         state.broken.get_or_insert(reason);
     }
+}
+
+/// A graph that ran for a capture (`capture::end`): what replaying it needs.
+pub(super) struct RanGraph {
+    /// The program's graph: parameters, then written values and check
+    /// flags as outputs.
+    pub graph: Graph,
+    pub exe: Arc<LoadedExecutable>,
+    /// What feeds each parameter of the program.
+    pub sources: Vec<Source>,
+    /// The storages whose new values are the program's first outputs.
+    pub written: Vec<Arc<Storage>>,
+    /// The device-side checks, whose flags are the remaining outputs.
+    pub checks: Vec<((ErrorCode, String), usize)>,
+    /// Per written storage: whether the program writes its old value back
+    /// when a check fails (`keep_old_values_on_failure`).
+    pub kept_on_failure: Vec<bool>,
+    pub ops: Vec<RecordedOp>,
 }
 
 fn bind(

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
+use super::capture::RanGraph;
 use super::checks::{keep_old_values_on_failure, verify_checks, watch_checks, OnFailure};
 use super::failure::{find_culprit, graph_error};
 use super::location::{current_location, intern_location};
@@ -504,67 +505,6 @@ pub fn synchronize() -> Result<()> {
     verify_checks()
 }
 
-/// The graph restricted to what `outputs` need, with parameters renumbered;
-/// also returns the old index of each kept parameter.
-pub(super) fn prune(graph: &Graph, outputs: &[ValueId]) -> (Graph, Vec<usize>) {
-    let n = graph.nodes.len();
-    let mut live = vec![false; n];
-    for &o in outputs {
-        live[o] = true;
-    }
-    for id in (0..n).rev() {
-        if live[id] {
-            let mut node = graph.nodes[id].0.clone();
-            node.for_each_operand_mut(|v| live[*v] = true);
-        }
-    }
-    let mut new_id = vec![usize::MAX; n];
-    let mut kept_params = Vec::new();
-    let mut params = Vec::new();
-    let mut nodes = Vec::with_capacity(n);
-    for (id, (node, ty)) in graph.nodes.iter().enumerate() {
-        if !live[id] {
-            continue;
-        }
-        let mut node = node.clone();
-        match &mut node {
-            Node::Param(i) => {
-                kept_params.push(*i);
-                params.push(graph.params[*i].clone());
-                *i = params.len() - 1;
-            }
-            other => other.for_each_operand_mut(|v| *v = new_id[*v]),
-        }
-        new_id[id] = nodes.len();
-        nodes.push((node, ty.clone()));
-    }
-    let pruned = Graph {
-        params,
-        nodes,
-        outputs: outputs.iter().map(|&o| new_id[o]).collect(),
-        donors: Vec::new(),
-    };
-    (pruned, kept_params)
-}
-
-/// A graph that ran for a capture (`capture::end`): what replaying it needs.
-pub(super) struct RanGraph {
-    /// The program's graph: parameters, then written values and check
-    /// flags as outputs.
-    pub graph: Graph,
-    pub exe: Arc<LoadedExecutable>,
-    /// What feeds each parameter of the program.
-    pub sources: Vec<Source>,
-    /// The storages whose new values are the program's first outputs.
-    pub written: Vec<Arc<Storage>>,
-    /// The device-side checks, whose flags are the remaining outputs.
-    pub checks: Vec<((ErrorCode, String), usize)>,
-    /// Per written storage: whether the program writes its old value back
-    /// when a check fails (`keep_old_values_on_failure`).
-    pub kept_on_failure: Vec<bool>,
-    pub ops: Vec<RecordedOp>,
-}
-
 /// Compiles (or finds) and runs one pending graph, and installs its outputs
 /// in the storages that are still alive. For a capture nothing is donated
 /// (replays keep their inputs) and what ran is returned.
@@ -605,7 +545,7 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
     let mut outputs: Vec<ValueId> = writes.iter().map(|&(value, _)| value).collect();
     let written_count = outputs.len();
     outputs.extend(flags);
-    let (mut pruned, kept) = prune(&graph, &outputs);
+    let (mut pruned, kept) = graph.prune(&outputs);
     // A buffer held only by this graph belongs to a storage the graph
     // overwrites: XLA may reuse its memory for the new value.
     let read_then_written: Vec<usize> = written.iter().filter_map(|(_, s)| s.param).collect();

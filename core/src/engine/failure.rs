@@ -1,7 +1,7 @@
 //! What a failed deferred graph's error says: which op made it fail (found
 //! by running prefixes of the graph) and the lines that recorded its ops.
 
-use super::deferred::{execute, prune, RecordedOp, Source};
+use super::deferred::{execute, RecordedOp, Source};
 use super::location::location_text;
 use crate::error::{Error, ErrorCode};
 use crate::ir::{Graph, Node, ValueId};
@@ -38,7 +38,7 @@ pub(super) fn find_culprit(
             outputs: Vec::new(),
             donors: Vec::new(),
         };
-        let (prefix, kept) = prune(&prefix, &outputs);
+        let (prefix, kept) = prefix.prune(&outputs);
         execute(client, device_index, &prefix, &kept, sources, None).is_err()
     };
     let (mut good, mut bad) = (None::<usize>, op_ends.len() - 1);
