@@ -166,13 +166,25 @@ pub enum Mode {
 }
 
 impl<'a> Builder<'a> {
+    /// A builder for one call of `op` on `args`. Refuses a tensor argument
+    /// (lists included) whose view does not lie in its storage, or whose
+    /// sizes have no contiguous strides in 64 bits, before any lowering
+    /// computes with its sizes; reads and writes rely on this check.
     pub(crate) fn new(
         client: &'a Client,
         op: &'static str,
         args: &'a [Arg],
         mode: Mode,
-    ) -> Builder<'a> {
-        Builder {
+    ) -> Result<Builder<'a>> {
+        let tensors = args.iter().flat_map(|a| match a {
+            Arg::TensorList(list) => list.iter().flatten().collect(),
+            Arg::Tensor(t) => vec![t],
+            _ => Vec::new(),
+        });
+        for t in tensors {
+            t.view.check_within(t.storage.elements(t.view.dtype)?)?;
+        }
+        Ok(Builder {
             client,
             op,
             args,
@@ -183,7 +195,7 @@ impl<'a> Builder<'a> {
             device_index: None,
             mode,
             checks: Vec::new(),
-        }
+        })
     }
 
     pub fn op_name(&self) -> &'static str {

@@ -79,9 +79,8 @@ pub fn call(client: &Client, op: usize, args: &[Arg]) -> Result<Vec<Output>> {
         .ok_or_else(|| Error::invalid("op id", format!("less than {}", ops::table().len()), op))?;
     install_pending_work();
     let start = Instant::now();
-    check_views(args)?;
     let current = mode::current();
-    let mut builder = Builder::new(client, def.name, args, current);
+    let mut builder = Builder::new(client, def.name, args, current)?;
     (def.lower)(&mut builder)?;
     let outputs = eager::run(builder)?;
     if current != mode::Mode::Eager {
@@ -90,19 +89,4 @@ pub fn call(client: &Client, op: usize, args: &[Arg]) -> Result<Vec<Output>> {
         metrics::add(Metric::OpsRun, 1);
     }
     Ok(outputs)
-}
-
-/// Refuses a tensor argument whose view does not lie in its storage, or
-/// whose sizes have no contiguous strides in 64 bits, before any lowering
-/// computes with its sizes.
-fn check_views(args: &[Arg]) -> Result<()> {
-    let lists = args.iter().flat_map(|a| match a {
-        Arg::TensorList(list) => list.iter().flatten().collect(),
-        Arg::Tensor(t) => vec![t],
-        _ => Vec::new(),
-    });
-    for t in lists {
-        t.view.check_within(t.storage.elements(t.view.dtype)?)?;
-    }
-    Ok(())
 }
