@@ -21,6 +21,21 @@ _Static_assert(RTPU_CACHE_INFO_STRUCT_SIZE == sizeof(rtpu_cache_info), "cache_in
 _Static_assert(RTPU_COLLECTIVE_ARGS_STRUCT_SIZE == sizeof(rtpu_collective_args), "collective_args");
 _Static_assert(RTPU_HOST_TRANSPORT_STRUCT_SIZE == sizeof(rtpu_host_transport), "host_transport");
 
+/* A float32 view of `s` (sizes and strides borrowed: they must outlive the
+ * returned reference). */
+static inline rtpu_tensor_ref f32_view(const rtpu_storage *s, int64_t offset, const int64_t *sizes,
+                                       const int64_t *strides, size_t ndim) {
+  rtpu_tensor_ref ref;
+  memset(&ref, 0, sizeof ref);
+  ref.storage = s;
+  ref.storage_offset = offset;
+  ref.sizes = sizes;
+  ref.strides = strides;
+  ref.ndim = ndim;
+  ref.dtype = RTPU_DTYPE_FLOAT32;
+  return ref;
+}
+
 #define CHECK(cond)                                                          \
   do {                                                                       \
     if (!(cond)) {                                                           \
@@ -80,6 +95,45 @@ static inline size_t find_op(const char *name) {
   }
   fprintf(stderr, "op %s not found\n", name);
   exit(1);
+}
+
+/* Arguments of one collective on `rank`'s `input` (`root` for broadcast). */
+static inline rtpu_collective_args collective_args(uint32_t collective, uint32_t op, size_t rank,
+                                                   size_t root, rtpu_tensor_ref input) {
+  rtpu_collective_args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = RTPU_COLLECTIVE_ARGS_STRUCT_SIZE;
+  args.collective = collective;
+  args.reduce_op = op;
+  args.rank = rank;
+  args.root = root;
+  args.input = input;
+  return args;
+}
+
+/* Output `index` of `result`; its storage is a new reference for the caller. */
+static inline rtpu_op_output op_output(const rtpu_op_result *result, size_t index) {
+  rtpu_op_output out;
+  memset(&out, 0, sizeof out);
+  out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
+  CHECK_OK(rtpu_op_result_get(result, index, &out));
+  return out;
+}
+
+/* op(a, b) on two tensors: its first output's storage (one reference for
+ * the caller). */
+static inline rtpu_storage *call_binary(rtpu_runtime *rt, const char *op, rtpu_tensor_ref a,
+                                        rtpu_tensor_ref b) {
+  rtpu_op_arg args[2];
+  memset(args, 0, sizeof args);
+  args[0].tag = args[1].tag = RTPU_ARG_TENSOR;
+  args[0].tensor = a;
+  args[1].tensor = b;
+  rtpu_op_result *result = NULL;
+  CHECK_OK(rtpu_op_call(rt, find_op(op), args, 2, &result));
+  rtpu_op_output out = op_output(result, 0);
+  rtpu_op_result_destroy(result);
+  return out.storage;
 }
 
 #endif

@@ -15,14 +15,7 @@ static rtpu_communicator *g_comm;
 
 static rtpu_tensor_ref ref_of(const rtpu_storage *s, const int64_t *sizes, size_t ndim) {
   static const int64_t kStrides[2] = {2, 1};
-  rtpu_tensor_ref ref;
-  memset(&ref, 0, sizeof ref);
-  ref.storage = s;
-  ref.sizes = sizes;
-  ref.strides = ndim == 2 ? kStrides : kStrides + 1;
-  ref.ndim = ndim;
-  ref.dtype = RTPU_DTYPE_FLOAT32;
-  return ref;
+  return f32_view(s, 0, sizes, ndim == 2 ? kStrides : kStrides + 1, ndim);
 }
 
 /* A new storage on `device` holding `values` (N floats). */
@@ -38,15 +31,7 @@ static rtpu_storage *upload(size_t device, const float *values) {
 static rtpu_collective_args args_for(size_t rank, uint32_t collective, uint32_t op,
                                      const rtpu_storage *input) {
   static const int64_t kSizes[2] = {N / 2, 2};
-  rtpu_collective_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = RTPU_COLLECTIVE_ARGS_STRUCT_SIZE;
-  args.collective = collective;
-  args.reduce_op = op;
-  args.rank = rank;
-  args.root = 2;
-  args.input = ref_of(input, kSizes, 2);
-  return args;
+  return collective_args(collective, op, rank, 2, ref_of(input, kSizes, 2));
 }
 
 /* What rank r holds: r * 10 + i. */

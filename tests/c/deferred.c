@@ -11,33 +11,14 @@ enum { INVALID = RTPU_ERROR_CODE_INVALID_ARGUMENT };
 static const int64_t kSizes[1] = {4}, kStrides[1] = {1};
 
 static rtpu_tensor_ref vector_of(const rtpu_storage *s) {
-  rtpu_tensor_ref ref;
-  memset(&ref, 0, sizeof ref);
-  ref.storage = s;
-  ref.sizes = kSizes;
-  ref.strides = kStrides;
-  ref.ndim = 1;
-  ref.dtype = RTPU_DTYPE_FLOAT32;
-  return ref;
+  return f32_view(s, 0, kSizes, kStrides, 1);
 }
 
 /* op(a, b), a binary op of two 4-vectors, as a new storage (one reference
  * for the caller). */
 static rtpu_storage *binary(rtpu_runtime *rt, const char *op, const rtpu_storage *a,
                             const rtpu_storage *b) {
-  rtpu_op_arg args[2];
-  memset(args, 0, sizeof args);
-  args[0].tag = args[1].tag = RTPU_ARG_TENSOR;
-  args[0].tensor = vector_of(a);
-  args[1].tensor = vector_of(b);
-  rtpu_op_result *result = NULL;
-  CHECK_OK(rtpu_op_call(rt, find_op(op), args, 2, &result));
-  rtpu_op_output out;
-  memset(&out, 0, sizeof out);
-  out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
-  CHECK_OK(rtpu_op_result_get(result, 0, &out));
-  rtpu_op_result_destroy(result);
-  return out.storage;
+  return call_binary(rt, op, vector_of(a), vector_of(b));
 }
 
 static rtpu_storage *square(rtpu_runtime *rt, const rtpu_storage *x) {
@@ -133,10 +114,7 @@ static void failed_check_keeps_old_values(rtpu_runtime *rt, const rtpu_storage *
    * device; the failure shows at the next sync point. */
   args[0].tensor = args[1].tensor = index_ref;
   CHECK_OK(rtpu_op_call(rt, find_op("aten::mul.Tensor"), args, 2, &result));
-  rtpu_op_output squared;
-  memset(&squared, 0, sizeof squared);
-  squared.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
-  CHECK_OK(rtpu_op_result_get(result, 0, &squared));
+  rtpu_op_output squared = op_output(result, 0);
   rtpu_op_result_destroy(result);
   args[0].tensor = vector_of(x);
   args[1].tag = RTPU_ARG_INT;
@@ -203,10 +181,7 @@ int main(void) {
   rtpu_op_result *replayed = NULL;
   CHECK_OK(rtpu_graph_replay(graph, &yr, 1, &replayed));
   CHECK(rtpu_op_result_count(replayed) == 1);
-  rtpu_op_output out;
-  memset(&out, 0, sizeof out);
-  out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
-  CHECK_OK(rtpu_op_result_get(replayed, 0, &out));
+  rtpu_op_output out = op_output(replayed, 0);
   check_values(out.storage, fourth);
   rtpu_storage_release(out.storage);
   rtpu_op_result_destroy(replayed);

@@ -12,31 +12,12 @@ enum {
 static const int64_t kSizes[2] = {256, 256}, kStrides[2] = {256, 1};
 
 static rtpu_tensor_ref matrix_of(const rtpu_storage *s) {
-  rtpu_tensor_ref ref;
-  memset(&ref, 0, sizeof ref);
-  ref.storage = s;
-  ref.sizes = kSizes;
-  ref.strides = kStrides;
-  ref.ndim = 2;
-  ref.dtype = RTPU_DTYPE_FLOAT32;
-  return ref;
+  return f32_view(s, 0, kSizes, kStrides, 2);
 }
 
 /* a @ b as a new storage (one reference for the caller). */
 static rtpu_storage *matmul(rtpu_runtime *rt, const rtpu_storage *a, const rtpu_storage *b) {
-  rtpu_op_arg args[2];
-  memset(args, 0, sizeof args);
-  args[0].tag = args[1].tag = RTPU_ARG_TENSOR;
-  args[0].tensor = matrix_of(a);
-  args[1].tensor = matrix_of(b);
-  rtpu_op_result *result = NULL;
-  CHECK_OK(rtpu_op_call(rt, find_op("aten::mm"), args, 2, &result));
-  rtpu_op_output out;
-  memset(&out, 0, sizeof out);
-  out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
-  CHECK_OK(rtpu_op_result_get(result, 0, &out));
-  rtpu_op_result_destroy(result);
-  return out.storage;
+  return call_binary(rt, "aten::mm", matrix_of(a), matrix_of(b));
 }
 
 static int done(const rtpu_event *event) {

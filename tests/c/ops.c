@@ -6,19 +6,6 @@
 
 enum { INVALID = RTPU_ERROR_CODE_INVALID_ARGUMENT };
 
-static rtpu_tensor_ref view_of(const rtpu_storage *s, int64_t offset, const int64_t *sizes,
-                               const int64_t *strides, size_t ndim) {
-  rtpu_tensor_ref ref;
-  memset(&ref, 0, sizeof ref);
-  ref.storage = s;
-  ref.storage_offset = offset;
-  ref.sizes = sizes;
-  ref.strides = strides;
-  ref.ndim = ndim;
-  ref.dtype = RTPU_DTYPE_FLOAT32;
-  return ref;
-}
-
 /* Every metric has a name that finds it, a known unit and a help line. */
 static void check_metric_descriptions(void) {
   const size_t count = rtpu_metric_count();
@@ -48,12 +35,12 @@ int main(void) {
   CHECK(rtpu_storage_nbytes(s) == 24 && rtpu_storage_device_index(s) == 0);
   const float data[6] = {1, 2, 3, 4, 5, 6};
   const int64_t sizes[2] = {2, 3}, strides[2] = {3, 1};
-  rtpu_tensor_ref whole = view_of(s, 0, sizes, strides, 2);
+  rtpu_tensor_ref whole = f32_view(s, 0, sizes, strides, 2);
   CHECK_OK(rtpu_tensor_copy_from_host(&whole, data, sizeof data));
 
   /* Column 1 as a strided view: add 10 in place with add_.Scalar. */
   const int64_t col_sizes[1] = {2}, col_strides[1] = {3};
-  rtpu_tensor_ref column = view_of(s, 1, col_sizes, col_strides, 1);
+  rtpu_tensor_ref column = f32_view(s, 1, col_sizes, col_strides, 1);
   rtpu_op_arg args[3];
   memset(args, 0, sizeof args);
   args[0].tag = RTPU_ARG_TENSOR;
@@ -65,10 +52,7 @@ int main(void) {
   rtpu_op_result *result = NULL;
   CHECK_OK(rtpu_op_call(rt, find_op("aten::add_.Scalar"), args, 3, &result));
   CHECK(rtpu_op_result_count(result) == 1);
-  rtpu_op_output out;
-  memset(&out, 0, sizeof out);
-  out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
-  CHECK_OK(rtpu_op_result_get(result, 0, &out));
+  rtpu_op_output out = op_output(result, 0);
   CHECK(out.alias_of == 0 && out.storage == NULL);
   rtpu_op_result_destroy(result);
   float back[6];
@@ -81,9 +65,9 @@ int main(void) {
   args[1].tensor = whole;
   args[0].tensor = whole;
   CHECK_OK(rtpu_op_call(rt, find_op("aten::mul.Tensor"), args, 2, &result));
-  CHECK_OK(rtpu_op_result_get(result, 0, &out));
+  out = op_output(result, 0);
   CHECK(out.alias_of == -1 && out.storage != NULL && out.ndim == 2 && out.dtype == RTPU_DTYPE_FLOAT32);
-  rtpu_tensor_ref squared = view_of(out.storage, out.storage_offset, out.sizes, out.strides, out.ndim);
+  rtpu_tensor_ref squared = f32_view(out.storage, out.storage_offset, out.sizes, out.strides, out.ndim);
   CHECK_OK(rtpu_tensor_copy_to_host(&squared, back, sizeof back));
   for (int i = 0; i < 6; i++) CHECK(back[i] == want[i] * want[i]);
   rtpu_op_result_destroy(result);
@@ -111,19 +95,19 @@ int main(void) {
   rtpu_storage_release(NULL);
   CHECK(rtpu_storage_nbytes(NULL) == 0);
   const int64_t big_sizes[2] = {3, 3};
-  rtpu_tensor_ref too_big = view_of(s, 0, big_sizes, strides, 2);
+  rtpu_tensor_ref too_big = f32_view(s, 0, big_sizes, strides, 2);
   CHECK_ERROR(rtpu_tensor_copy_to_host(&too_big, back, 9 * sizeof(float)), INVALID, "storage");
   CHECK_ERROR(rtpu_tensor_copy_to_host(NULL, back, sizeof back), INVALID, "src");
   /* 2^96 elements (a stride-0 expand) wrap a 64-bit count to 0: refused. */
   const int64_t wrapping_sizes[3] = {INT64_C(1) << 32, INT64_C(1) << 32, INT64_C(1) << 32};
   const int64_t zero_strides[3] = {0, 0, 0};
-  rtpu_tensor_ref wrapping = view_of(s, 0, wrapping_sizes, zero_strides, 3);
+  rtpu_tensor_ref wrapping = f32_view(s, 0, wrapping_sizes, zero_strides, 3);
   CHECK_ERROR(rtpu_tensor_copy_to_host(&wrapping, back, sizeof back), INVALID, "64 bits");
   CHECK_ERROR(rtpu_tensor_copy_to_host(&whole, back, 3), INVALID, "nbytes");
   CHECK_ERROR(rtpu_tensor_copy_to_host(&whole, NULL, sizeof back), INVALID, "data");
   CHECK_ERROR(rtpu_tensor_copy_from_host(&whole, data, 5), INVALID, "bytes");
   CHECK_ERROR(rtpu_tensor_copy_from_host(NULL, data, sizeof data), INVALID, "dst");
-  rtpu_tensor_ref no_storage = view_of(NULL, 0, sizes, strides, 2);
+  rtpu_tensor_ref no_storage = f32_view(NULL, 0, sizes, strides, 2);
   CHECK_ERROR(rtpu_tensor_copy_from_host(&no_storage, data, sizeof data), INVALID, "storage");
   rtpu_tensor_ref bad_dtype = whole;
   bad_dtype.dtype = 77;
@@ -147,7 +131,7 @@ int main(void) {
   CHECK_OK(rtpu_runtime_open(&open_args, &other_rt));
   rtpu_storage *foreign = NULL;
   CHECK_OK(rtpu_storage_new(other_rt, 0, 6 * sizeof(float), &foreign));
-  rtpu_tensor_ref foreign_whole = view_of(foreign, 0, sizes, strides, 2);
+  rtpu_tensor_ref foreign_whole = f32_view(foreign, 0, sizes, strides, 2);
   args[0].tag = args[1].tag = RTPU_ARG_TENSOR;
   args[0].tensor = whole;
   args[1].tensor = foreign_whole;

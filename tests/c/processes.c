@@ -135,14 +135,8 @@ static size_t run(rtpu_communicator *comm, size_t rank, uint32_t collective, uin
   for (size_t i = 0; i < n; i++) in[i] = (float)(rank * 10 + i);
   rtpu_storage *input = upload(in, n);
   const int64_t sizes[2] = {(int64_t)n / 2, 2}, strides[2] = {2, 1};
-  rtpu_collective_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = RTPU_COLLECTIVE_ARGS_STRUCT_SIZE;
-  args.collective = collective;
-  args.reduce_op = op;
-  args.rank = rank;
-  args.root = 1;
-  args.input = (rtpu_tensor_ref){input, 0, sizes, strides, 2, RTPU_DTYPE_FLOAT32};
+  rtpu_collective_args args =
+      collective_args(collective, op, rank, 1, f32_view(input, 0, sizes, strides, 2));
   rtpu_work *work = NULL;
   size_t count = 0;
   *error = rtpu_collective_start(comm, &args, &work);
