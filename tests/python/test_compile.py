@@ -133,14 +133,19 @@ def test_a_compiled_adamw_with_cpu_step_counts_replays_and_keeps_its_state():
 
     cpu_losses, _ = train("cpu", mlp, cpu_adamw, [(x.cpu(), y.cpu()) for x, y in batches], steps, seed, False)
     torch.testing.assert_close(torch.tensor([loss.item() for loss in losses]), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-6)
-    # The moments are sums of gradients (the parameters themselves divide
-    # by tiny second moments, which amplifies rounding: the losses cover them).
+    # The moments are sums of gradients; compared as whole tensors: the
+    # parameters divide by tiny second moments, which amplifies rounding, and
+    # when that moves a ReLU input across 0 whole rows of gradients change
+    # (seed 711525908: 3.5% of a moment's norm, against ~1e-5 usually). A
+    # state reset after step k of the 12 loses about k/12 of exp_avg_sq
+    # (beta2 = 0.999): 16% or more from the second step on.
     for state in optimizer.state.values():
         assert state["step"].device.type == "cpu" and state["step"].item() == steps
         assert state["exp_avg"].device.type == DEVICE
     for state, cpu_state in zip(optimizer.state.values(), cpu_optimizer[0].state.values()):
-        torch.testing.assert_close(state["exp_avg"].cpu(), cpu_state["exp_avg"], rtol=1e-3, atol=1e-6)
-        torch.testing.assert_close(state["exp_avg_sq"].cpu(), cpu_state["exp_avg_sq"], rtol=1e-3, atol=1e-9)
+        for name in ("exp_avg", "exp_avg_sq"):
+            got, want = state[name].cpu(), cpu_state[name]
+            assert (got - want).norm() <= 0.1 * want.norm(), name
 
 
 def test_graph_breaks_run_the_pieces_and_explain_counts_them():
