@@ -484,7 +484,7 @@ fn collective_from_c(args: &rtpu_collective_args) -> Result<Collective, FfiError
 /// `input`'s pointers must be valid as its documentation says.
 unsafe fn dense_tensor(input: &rtpu_tensor_ref) -> Result<Tensor, FfiError> {
     // SAFETY: guaranteed by the caller.
-    let (storage, view) = unsafe { tensor_view(input, "args.input") }?;
+    let (storage, view) = unsafe { tensor_view(input, || "args.input".to_string()) }?;
     let covers = view.offset == 0
         && view.is_contiguous()
         && view.numel() * view.dtype.size_in_bytes() == storage.nbytes();

@@ -64,6 +64,18 @@ impl FfiError {
         FfiError::invalid(format!("{what} is NULL"))
     }
 
+    /// This error about a field, named from its parent `parent`:
+    /// "sizes is NULL" within "args[1].tensor" reads "args[1].tensor.sizes
+    /// is NULL". Lets a hot path name fields without formatting their full
+    /// path unless something is wrong.
+    pub(crate) fn within(self, parent: &str) -> FfiError {
+        FfiError {
+            code: self.code,
+            message: CString::new(format!("{parent}.{}", self.message.to_string_lossy()))
+                .unwrap_or_default(),
+        }
+    }
+
     pub(crate) fn panic(function: &str, message: String) -> FfiError {
         FfiError::new(
             RTPU_ERROR_CODE_PANIC,

@@ -35,7 +35,7 @@ unsafe fn tensor_args(
         .enumerate()
         .map(|(i, t)| {
             // SAFETY: guaranteed by the caller.
-            let (storage, view) = unsafe { tensor_view(t, &format!("{what}[{i}]")) }?;
+            let (storage, view) = unsafe { tensor_view(t, || format!("{what}[{i}]")) }?;
             Ok(TensorArg { storage, view })
         })
         .collect()

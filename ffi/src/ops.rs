@@ -121,29 +121,36 @@ pub extern "C" fn rtpu_op_name(index: usize) -> *const c_char {
 /// # Safety
 /// The pointers in `arg` must be valid as its documentation says.
 unsafe fn convert_arg(arg: &rtpu_op_arg, index: usize) -> Result<Arg, FfiError> {
-    let what = format!("args[{index}]");
-    let tensor = |t: &rtpu_tensor_ref, what: &str| -> Result<TensorArg, FfiError> {
+    // This runs for every argument of every op: the argument's name is
+    // formatted only for an error.
+    let what = || format!("args[{index}]");
+    let named = |e: FfiError| e.within(&what());
+    let tensor = |t: &rtpu_tensor_ref, field: &dyn Fn() -> String| -> Result<TensorArg, FfiError> {
         // SAFETY: guaranteed by the caller.
-        let (storage, view) = unsafe { tensor_view(t, what) }?;
+        let (storage, view) = unsafe { tensor_view(t, field) }?;
         Ok(TensorArg { storage, view })
     };
     Ok(match arg.tag {
         RTPU_ARG_NONE => Arg::None,
-        RTPU_ARG_TENSOR => Arg::Tensor(tensor(&arg.tensor, &format!("{what}.tensor"))?),
+        RTPU_ARG_TENSOR => Arg::Tensor(tensor(&arg.tensor, &|| format!("{}.tensor", what()))?),
         RTPU_ARG_INT => Arg::Int(arg.int_value),
         RTPU_ARG_DOUBLE => Arg::Float(arg.double_value),
         RTPU_ARG_BOOL => Arg::Bool(arg.bool_value),
         RTPU_ARG_INT_LIST => {
             // SAFETY: guaranteed by the caller.
-            Arg::IntList(unsafe { slice(arg.int_list, arg.list_size, &what) }?.to_vec())
+            let ints = unsafe { slice(arg.int_list, arg.list_size, "int_list") }.map_err(named)?;
+            Arg::IntList(ints.to_vec())
         }
         RTPU_ARG_DOUBLE_LIST => {
             // SAFETY: guaranteed by the caller.
-            Arg::FloatList(unsafe { slice(arg.double_list, arg.list_size, &what) }?.to_vec())
+            let floats =
+                unsafe { slice(arg.double_list, arg.list_size, "double_list") }.map_err(named)?;
+            Arg::FloatList(floats.to_vec())
         }
         RTPU_ARG_TENSOR_LIST => {
             // SAFETY: guaranteed by the caller.
-            let items = unsafe { slice(arg.tensor_list, arg.list_size, &what) }?;
+            let items =
+                unsafe { slice(arg.tensor_list, arg.list_size, "tensor_list") }.map_err(named)?;
             Arg::TensorList(
                 items
                     .iter()
@@ -152,19 +159,22 @@ unsafe fn convert_arg(arg: &rtpu_op_arg, index: usize) -> Result<Arg, FfiError> 
                         if t.storage.is_null() {
                             Ok(None)
                         } else {
-                            tensor(t, &format!("{what}.tensor_list[{i}]")).map(Some)
+                            tensor(t, &|| format!("{}.tensor_list[{i}]", what())).map(Some)
                         }
                     })
                     .collect::<Result<_, _>>()?,
             )
         }
         RTPU_ARG_DTYPE => Arg::ScalarType(dtype_from_c(arg.int_value as u32)?),
-        // SAFETY: guaranteed by the caller.
-        RTPU_ARG_STRING => Arg::Str(unsafe { c_str(arg.string_value, &what) }?.to_string()),
+        RTPU_ARG_STRING => {
+            // SAFETY: guaranteed by the caller.
+            let text = unsafe { c_str(arg.string_value, "string_value") }.map_err(named)?;
+            Arg::Str(text.to_string())
+        }
         RTPU_ARG_DEVICE => Arg::Device(arg.int_value),
         RTPU_ARG_GENERATOR => {
             // SAFETY: guaranteed by the caller.
-            let state = unsafe { slice(arg.int_list, arg.list_size, &what) }?;
+            let state = unsafe { slice(arg.int_list, arg.list_size, "int_list") }.map_err(named)?;
             match state {
                 [seed, offset] => Arg::Generator {
                     seed: *seed as u64,
@@ -172,14 +182,16 @@ unsafe fn convert_arg(arg: &rtpu_op_arg, index: usize) -> Result<Arg, FfiError> 
                 },
                 _ => {
                     return Err(FfiError::invalid(format!(
-                        "{what}: a generator is {{seed, offset}}"
+                        "{}: a generator is {{seed, offset}}",
+                        what()
                     )))
                 }
             }
         }
         other => {
             return Err(FfiError::invalid(format!(
-                "{what}.tag is {other}; expected one of RTPU_ARG_*"
+                "{}.tag is {other}; expected one of RTPU_ARG_*",
+                what()
             )))
         }
     })

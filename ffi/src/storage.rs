@@ -66,16 +66,18 @@ pub(crate) unsafe fn storage_arc(storage: *const rtpu_storage) -> Arc<Storage> {
 ///
 /// # Safety
 /// `tensor`'s pointers must be valid as its documentation says.
+/// `what` names the ref in errors; it is called only when there is one.
 pub(crate) unsafe fn tensor_view(
     tensor: &rtpu_tensor_ref,
-    what: &str,
+    what: impl Fn() -> String,
 ) -> Result<(Arc<Storage>, View), FfiError> {
+    let named = |e: FfiError| e.within(&what());
     // SAFETY: guaranteed by the caller.
-    unsafe { storage_ref(tensor.storage, &format!("{what}.storage")) }?;
+    unsafe { storage_ref(tensor.storage, "storage") }.map_err(named)?;
     // SAFETY: guaranteed by the caller.
-    let sizes = unsafe { slice(tensor.sizes, tensor.ndim, &format!("{what}.sizes")) }?;
+    let sizes = unsafe { slice(tensor.sizes, tensor.ndim, "sizes") }.map_err(named)?;
     // SAFETY: guaranteed by the caller.
-    let strides = unsafe { slice(tensor.strides, tensor.ndim, &format!("{what}.strides")) }?;
+    let strides = unsafe { slice(tensor.strides, tensor.ndim, "strides") }.map_err(named)?;
     let view = View {
         offset: tensor.storage_offset,
         sizes: sizes.to_vec(),
@@ -177,7 +179,7 @@ pub extern "C" fn rtpu_tensor_copy_from_host(
         // SAFETY: a non-NULL `dst` points to a tensor ref per the docs.
         let dst = unsafe { non_null(dst, "dst") }?;
         // SAFETY: its pointers are valid per the docs.
-        let (storage, view) = unsafe { tensor_view(dst, "dst") }?;
+        let (storage, view) = unsafe { tensor_view(dst, || "dst".to_string()) }?;
         // SAFETY: documented as `nbytes` readable bytes.
         let bytes = unsafe { slice(data.cast::<u8>(), nbytes, "data") }?;
         storage.write_view(&view, bytes)?;
@@ -197,7 +199,7 @@ pub extern "C" fn rtpu_tensor_copy_to_host(
         // SAFETY: a non-NULL `src` points to a tensor ref per the docs.
         let src = unsafe { non_null(src, "src") }?;
         // SAFETY: its pointers are valid per the docs.
-        let (storage, view) = unsafe { tensor_view(src, "src") }?;
+        let (storage, view) = unsafe { tensor_view(src, || "src".to_string()) }?;
         view.check_within(storage.elements(view.dtype)?)?;
         let expected = view.numel() * view.dtype.size_in_bytes();
         if nbytes != expected {
