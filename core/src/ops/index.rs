@@ -11,7 +11,7 @@ use super::{
     OpDef,
 };
 use crate::builder::{Arg, Builder, TensorArg};
-use crate::dtype::DType;
+use crate::dtype::{Category, DType};
 use crate::error::{Error, Result};
 use crate::ir::{CompareDir, Literal, ReduceOp, ValueId};
 
@@ -63,14 +63,126 @@ fn broadcast_get(values: &[i64], shape: &[i64], index: &[i64]) -> i64 {
     values[flat as usize]
 }
 
-/// Advanced indexing on the host: for `self` of `sizes` and the optional
-/// index tensors, the result shape and each result element's flat source
-/// index (negative indices wrapped, ranges checked).
-fn advanced_index(b: &Builder, sizes: &[i64], list_index: usize) -> Result<(Vec<i64>, Vec<i64>)> {
+/// Advanced indexing: for `self` of `sizes` and the optional index tensors
+/// of argument `list_index`, the result shape and each result element's
+/// flat source index, an s64 value of that shape. Integer indices stay on
+/// the device (range-checked as gather's are, negatives wrapped there), so
+/// a captured graph that indexes replays without host reads; a bool mask
+/// is read on the host, since its nonzeros decide the result's shape.
+fn advanced_index(
+    b: &mut Builder,
+    sizes: &[i64],
+    list_index: usize,
+) -> Result<(Vec<i64>, ValueId)> {
     let items: Vec<Option<TensorArg>> = match b.arg(list_index)? {
         Arg::TensorList(items) => items.clone(),
         other => return Err(b.arg_error(list_index, "a Tensor?[]", other.kind())),
     };
+    let masked = items
+        .iter()
+        .flatten()
+        .any(|t| matches!(t.view.dtype, DType::Bool | DType::U8));
+    if masked {
+        let (shape, flat) = host_advanced_index(b, sizes, items)?;
+        let positions = b.host_tensor(bytes_of(&flat), DType::I64, &shape);
+        return Ok((shape, positions));
+    }
+    if items.len() > sizes.len() {
+        return Err(Error::invalid(
+            format!("{}: indices", b.op_name()),
+            format!("at most {} (one per dim)", sizes.len()),
+            items.len(),
+        ));
+    }
+    let mut per_dim = items;
+    per_dim.resize(sizes.len(), None);
+    let indexed: Vec<usize> = (0..sizes.len()).filter(|&d| per_dim[d].is_some()).collect();
+    let mut shapes = Vec::with_capacity(indexed.len());
+    for &d in &indexed {
+        let t = per_dim[d].as_ref().expect("an indexed dim");
+        if is_float(t.view.dtype) || t.view.dtype.category() == Category::Complex {
+            return Err(Error::invalid(
+                format!("{}: indices", b.op_name()),
+                "integer or bool index tensors",
+                t.view.dtype,
+            ));
+        }
+        let (op, size) = (b.op_name(), sizes[d]);
+        b.check_range(t, (-size, size), None, |bad| {
+            Error::invalid(
+                format!("{op}: index"),
+                format!("indices in [{}, {size})", -size),
+                format!("index {bad} is out of bounds for dimension {d} with size {size}"),
+            )
+        })?;
+        shapes.push(t.view.sizes.clone());
+    }
+    let bshape = broadcast_shapes_of(b, "index shapes", &shapes)?;
+    let (out_shape, before, after) = index_layout(sizes, &indexed, &bshape);
+    let strides = row_major_strides(sizes);
+    let mut positions = b.constant(Literal::Int(0), DType::I64, &out_shape);
+    let mut add_term = |b: &mut Builder, coordinate: ValueId, d: usize| -> Result<()> {
+        let stride = b.constant(Literal::Int(strides[d]), DType::I64, &out_shape);
+        let term = b.mul(coordinate, stride)?;
+        positions = b.add(positions, term)?;
+        Ok(())
+    };
+    for (axis, &d) in before.iter().enumerate() {
+        let coordinate = b.iota(DType::I64, &out_shape, axis);
+        add_term(b, coordinate, d)?;
+    }
+    let lead = before.len();
+    let broadcast_axes: Vec<i64> = (lead..lead + bshape.len()).map(|a| a as i64).collect();
+    for &d in &indexed {
+        let t = per_dim[d].as_ref().expect("an indexed dim");
+        let v = b.read(t)?;
+        let v = b.convert(v, DType::I64);
+        let dims = b.dims(v);
+        let zero = b.constant(Literal::Int(0), DType::I64, &dims);
+        let size = b.constant(Literal::Int(sizes[d]), DType::I64, &dims);
+        let negative = b.compare(CompareDir::Lt, v, zero)?;
+        let wrapped = b.add(v, size)?;
+        let v = b.select(negative, wrapped, v)?;
+        let v = b.broadcast_to(v, &bshape)?;
+        let coordinate = b.broadcast_in_dim(v, &out_shape, &broadcast_axes);
+        add_term(b, coordinate, d)?;
+    }
+    for (k, &d) in after.iter().enumerate() {
+        let coordinate = b.iota(DType::I64, &out_shape, lead + bshape.len() + k);
+        add_term(b, coordinate, d)?;
+    }
+    Ok((out_shape, positions))
+}
+
+/// Where advanced indexing puts the result's dims: the broadcast index
+/// shape `bshape` stays at the indexed dims' place when they are adjacent,
+/// else it leads. Returns the result shape and the self dims (not indexed)
+/// before and after it.
+fn index_layout(
+    sizes: &[i64],
+    indexed: &[usize],
+    bshape: &[i64],
+) -> (Vec<i64>, Vec<usize>, Vec<usize>) {
+    let adjacent = indexed.windows(2).all(|w| w[1] == w[0] + 1);
+    let first = indexed.first().copied().unwrap_or(0);
+    let rest: Vec<usize> = (0..sizes.len()).filter(|d| !indexed.contains(d)).collect();
+    let (before, after): (Vec<usize>, Vec<usize>) = if adjacent {
+        rest.iter().partition(|&&d| d < first)
+    } else {
+        (Vec::new(), rest)
+    };
+    let mut out_shape: Vec<i64> = before.iter().map(|&d| sizes[d]).collect();
+    out_shape.extend(bshape);
+    out_shape.extend(after.iter().map(|&d| sizes[d]));
+    (out_shape, before, after)
+}
+
+/// `advanced_index` with a bool mask among the indices, on the host.
+fn host_advanced_index(
+    b: &Builder,
+    sizes: &[i64],
+    items: Vec<Option<TensorArg>>,
+) -> Result<(Vec<i64>, Vec<i64>)> {
     // One entry per self dim: None (a full slice) or (values, shape).
     let mut per_dim: Vec<Option<(Vec<i64>, Vec<i64>)>> = Vec::new();
     for item in items {
@@ -136,18 +248,7 @@ fn advanced_index(b: &Builder, sizes: &[i64], list_index: usize) -> Result<(Vec<
             }
         }
     }
-    // Adjacent indexed dims keep their place; otherwise the broadcast dims lead.
-    let adjacent = indexed.windows(2).all(|w| w[1] == w[0] + 1);
-    let first = indexed.first().copied().unwrap_or(0);
-    let rest: Vec<usize> = (0..sizes.len()).filter(|d| per_dim[*d].is_none()).collect();
-    let (before, after): (Vec<usize>, Vec<usize>) = if adjacent {
-        rest.iter().partition(|&&d| d < first)
-    } else {
-        (Vec::new(), rest.clone())
-    };
-    let mut out_shape: Vec<i64> = before.iter().map(|&d| sizes[d]).collect();
-    out_shape.extend(&bshape);
-    out_shape.extend(after.iter().map(|&d| sizes[d]));
+    let (out_shape, before, after) = index_layout(sizes, &indexed, &bshape);
     let strides = row_major_strides(sizes);
     let mut flat = Vec::with_capacity(out_shape.iter().product::<i64>().max(0) as usize);
     for_each_index(&out_shape, |idx| {
@@ -217,14 +318,13 @@ pub(super) fn plane_positions(
 /// index.Tensor(self, indices).
 fn index(b: &mut Builder) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
-    let (shape, flat) = advanced_index(b, &view.sizes, 1)?;
+    let (shape, positions) = advanced_index(b, &view.sizes, 1)?;
     let x = b.tensor(0)?;
     let x = b.reshape(x, &[view.numel() as i64])?;
-    let idx = b.host_tensor(bytes_of(&flat), DType::I64, &shape);
-    let out = if view.numel() == 0 || flat.is_empty() {
+    let out = if view.numel() == 0 || shape.contains(&0) {
         b.constant(Literal::Int(0), view.dtype, &shape)
     } else {
-        b.flat_gather(x, idx)
+        b.flat_gather(x, positions)
     };
     b.output(out)
 }
@@ -232,10 +332,10 @@ fn index(b: &mut Builder) -> Result<()> {
 /// index_put(self, indices, values, accumulate) and its in-place forms.
 fn index_put(b: &mut Builder, form: Form) -> Result<()> {
     let view = b.tensor_arg(0)?.view.clone();
-    let (shape, flat) = advanced_index(b, &view.sizes, 1)?;
+    let (shape, positions) = advanced_index(b, &view.sizes, 1)?;
     let accumulate = b.bool_arg(3)?;
     let x = b.tensor(0)?;
-    if flat.is_empty() {
+    if shape.contains(&0) {
         return finish(b, form, x);
     }
     let v = b.tensor(2)?;
@@ -243,7 +343,7 @@ fn index_put(b: &mut Builder, form: Form) -> Result<()> {
     let v = b.broadcast_to(v, &shape)?;
     let n = view.numel() as i64;
     let xf = b.reshape(x, &[n])?;
-    let idx = b.host_tensor(bytes_of(&flat), DType::I64, &shape);
+    let idx = positions;
     let combine = accumulate.then_some(ReduceOp::Sum);
     let out = b.flat_scatter(xf, idx, v, combine);
     let out = b.reshape(out, &view.sizes)?;
