@@ -188,6 +188,29 @@ def test_inference_under_no_grad_and_inference_mode(mode):
     assert after["ops_recorded"] == before["ops_recorded"]
 
 
+def test_integer_indexing_replays_as_one_program_with_fresh_indices(recwarn):
+    # x[i], x[i, j] and x[i, j] += v keep their indices on the device, so
+    # the graph replays for new index values instead of running op by op.
+    def gather_and_scatter(x, i, j):
+        y = x.clone()
+        y[i, j] += 1.0
+        return x[i] * 2, y
+
+    compiled = torch.compile(gather_and_scatter, backend="tpu")
+    x = torch.randn(6, 5)
+    for step in range(4):
+        i, j = torch.randint(-6, 6, (3,)), torch.randint(0, 5, (3,))
+        before = rtpu.metrics()
+        got = compiled(x.to(DEVICE), i.to(DEVICE), j.to(DEVICE))
+        after = rtpu.metrics()
+        for g, w in zip(got, gather_and_scatter(x, i, j)):
+            torch.testing.assert_close(g.cpu(), w)
+        if step > 0:
+            assert after["graph_executions"] - before["graph_executions"] == 1
+            assert after["ops_recorded"] == before["ops_recorded"]
+    assert not [str(w.message) for w in recwarn if "rtpu" in str(w.message)]
+
+
 # Sizes and the power-of-two buckets they compile for: each bucket is met
 # again with a different size, after others.
 DYNAMIC_SIZES = (8, 12, 5, 16, 11, 3, 8, 13)
