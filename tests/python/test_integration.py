@@ -294,6 +294,23 @@ class TokenDataset(torch.utils.data.Dataset):
         return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
 
 
+def run_trainer(net, data, seed, out, resume=None, **arguments):
+    """Trains `net` with transformers' Trainer (arguments beyond the common
+    ones in `arguments`); returns the device it chose and the logged losses."""
+    import transformers
+    from accelerate.state import AcceleratorState
+
+    # accelerate keeps its device choice per process: start afresh.
+    AcceleratorState._reset_state(True)
+    args = transformers.TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=4, logging_steps=1, learning_rate=1e-2,
+        report_to=[], seed=seed % 2**31, **arguments,
+    )
+    trainer = transformers.Trainer(model=net, args=args, train_dataset=data)
+    trainer.train(resume_from_checkpoint=resume)
+    return args.device, [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
 def test_trainer_and_accelerate_choose_tpu_and_train_as_on_cpu(tmp_path):
     # Both ask torch.accelerator.current_accelerator(), which rtpu's
     # registration makes tpu: no argument names the device.
@@ -306,22 +323,11 @@ def test_trainer_and_accelerate_choose_tpu_and_train_as_on_cpu(tmp_path):
     model = tiny_gpt2()
     reference = copy.deepcopy(model)
     data = TokenDataset(seed)
-
-    def train(net, **device_args):
-        # accelerate keeps its device choice per process: start afresh.
-        AcceleratorState._reset_state(True)
-        args = transformers.TrainingArguments(
-            output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=STEPS, logging_steps=1,
-            learning_rate=1e-2, report_to=[], save_strategy="no", seed=seed % 2**31, **device_args,
-        )
-        trainer = transformers.Trainer(model=net, args=args, train_dataset=data)
-        trainer.train()
-        return args.device, [h["loss"] for h in trainer.state.log_history if "loss" in h]
-
     try:
         assert PartialState().device.type == "tpu"
-        device, losses = train(model)
-        _, expected = train(reference, use_cpu=True)
+        device, losses = run_trainer(model, data, seed, tmp_path, max_steps=STEPS, save_strategy="no")
+        _, expected = run_trainer(reference, data, seed, tmp_path, max_steps=STEPS, save_strategy="no",
+                                  use_cpu=True)
     finally:
         AcceleratorState._reset_state(True)
     assert device == torch.device("tpu:0") and model.lm_head.weight.is_tpu
@@ -344,24 +350,15 @@ def test_a_trainer_with_bf16_checkpointing_fused_adamw_and_resume_trains_as_on_c
     initial = tiny_gpt2()
     data = TokenDataset(seed)
     steps, every = 8, 4
-
-    def train(net, out, resume=None, **device_args):
-        AcceleratorState._reset_state(True)
-        args = transformers.TrainingArguments(
-            output_dir=str(out), per_device_train_batch_size=4, max_steps=steps, logging_steps=1,
-            learning_rate=1e-2, report_to=[], save_steps=every, seed=seed % 2**31, bf16=True,
-            gradient_checkpointing=True, optim="adamw_torch_fused", **device_args,
-        )
-        trainer = transformers.Trainer(model=net, args=args, train_dataset=data)
-        trainer.train(resume_from_checkpoint=resume)
-        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
-
+    options = dict(max_steps=steps, save_steps=every, bf16=True, gradient_checkpointing=True,
+                   optim="adamw_torch_fused")
     try:
         model = copy.deepcopy(initial)
-        losses = train(model, tmp_path / "tpu")
-        expected = train(copy.deepcopy(initial), tmp_path / "cpu", use_cpu=True)
+        _, losses = run_trainer(model, data, seed, tmp_path / "tpu", **options)
+        _, expected = run_trainer(copy.deepcopy(initial), data, seed, tmp_path / "cpu", use_cpu=True, **options)
         resumed_model = copy.deepcopy(initial)
-        resumed = train(resumed_model, tmp_path / "tpu", resume=str(tmp_path / "tpu" / f"checkpoint-{every}"))
+        checkpoint = str(tmp_path / "tpu" / f"checkpoint-{every}")
+        _, resumed = run_trainer(resumed_model, data, seed, tmp_path / "tpu", resume=checkpoint, **options)
     finally:
         AcceleratorState._reset_state(True)
     fallbacks = dict(rtpu.metrics()["cpu_fallbacks"])
