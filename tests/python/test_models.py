@@ -98,8 +98,10 @@ EVAL_TOLERANCE = 3e-5
 # - gpt: loss 2.6e-7 relative (20x margin).
 # - cnn: loss 1.2e-7 relative; first BatchNorm's statistics 7.6e-7 of their
 #   largest value (about 10x margins).
-# - resnet18: loss 4.1e-3 absolute on losses of 0.3-1.3 (median 8e-4; 3x
-#   margin); first BatchNorm's running mean 1.6e-2 and variance 1.8e-4 of
+# - resnet18: loss 4.1e-3 absolute on losses of 0.3-1.3 (median 8e-4), but
+#   seed 1338365458 reached 1.54e-2 at step 5 (small batches through
+#   BatchNorm amplify rounding): 2.5e-2 allowed; first BatchNorm's running
+#   mean 1.6e-2 and variance 1.8e-4 of
 #   their largest value (3x and 10x margins). A 20% error in BatchNorm's
 #   momentum moves these statistics by 1.2e-1 to 1.6e-1.
 CASES = {
@@ -107,7 +109,7 @@ CASES = {
         resnet18,
         lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9),
         lambda seed: image_batches(seed, batch=16),
-        Tolerances(curve=(2e-3, 1.2e-2), stats=(5e-2, 2e-3)),
+        Tolerances(curve=(2e-3, 2.5e-2), stats=(5e-2, 2e-3)),
     ),
     "gpt": (small_gpt, lambda ps: torch.optim.AdamW(ps, lr=3e-3), token_batches, Tolerances(curve=(5e-6, 0), stats=None)),
     "cnn": (
