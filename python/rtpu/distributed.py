@@ -15,8 +15,10 @@ disagrees gets a clear error on every rank instead of a hang or garbage.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import hashlib
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -121,13 +123,29 @@ class ProcessGroupTpu(ProcessGroup):
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta):
         super().__init__(rank, size)
-        self._host = ProcessGroupGloo(PrefixStore("rtpu-host/", store), rank, size, timeout)
+        self._gloo: ProcessGroupGloo | None = ProcessGroupGloo(PrefixStore("rtpu-host/", store), rank, size, timeout)
+        _live_groups.add(self)
         self._sequence = 0
         self._accepts_cpu: bool | None = None
         self._group_name = self._group_desc = ""
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    @property
+    def _host(self) -> ProcessGroupGloo:
+        if self._gloo is None:
+            raise RuntimeError(f"rtpu: process group {self.getGroupName()!r} was destroyed")
+        return self._gloo
+
+    def shutdown(self) -> None:
+        """Ends gloo's threads now (destroy_process_group calls this, and so
+        does interpreter exit). A gloo thread drops its last reference to a
+        finished collective's host tensors a moment after `wait()` returns;
+        if that happens while Python finalizes, it cannot take the GIL and
+        the process aborts. Dropping the gloo group here runs its destructor
+        (without the GIL), which drains its work and joins its threads."""
+        self._gloo = None
 
     # The base class keeps a group's name and description in its backends,
     # and a Python group has none: they live here.
@@ -314,6 +332,16 @@ class ProcessGroupTpu(ProcessGroup):
         staged = _Staged()
         host = [staged.write(t) for t in tensors]
         return staged.finish(self._host.recv(host, src, tag), tensors)
+
+
+# Groups whose gloo threads must end before the interpreter does.
+_live_groups: weakref.WeakSet[ProcessGroupTpu] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_groups() -> None:
+    for group in list(_live_groups):
+        group.shutdown()
 
 
 def _create(store, rank, size, timeout):

@@ -43,6 +43,7 @@ def run_ranks(case: str, timeout: int = 150) -> str:
         "cpu_tensors_on_a_mixed_group",
         "subgroups_coalescing_steps_and_compiled_collectives",
         "a_rank_that_exits_gives_its_peer_an_error",
+        "exiting_without_destroying_the_group",
     ],
 )
 def test_two_ranks(case):
