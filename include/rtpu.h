@@ -206,6 +206,14 @@
 #define RTPU_EXECUTE_ARGS_STRUCT_SIZE 40
 
 /**
+ * What `rtpu_key_value_store.get` returns when the key is not there (not
+ * yet, or not within the timeout).
+ */
+#define RTPU_KEY_VALUE_NOT_FOUND 1
+
+#define RTPU_KEY_VALUE_STORE_STRUCT_SIZE 48
+
+/**
  * Execution modes of `rtpu_engine_set_mode` (`uint32_t`).
  * Each op runs as its own program when it is called (the default).
  */
@@ -298,9 +306,10 @@
 #define RTPU_VALUE_STRING 4
 
 /**
- * `sizeof(rtpu_runtime_open_args)` in ABI v0; fields are only ever appended.
+ * `sizeof(rtpu_runtime_open_args)`; fields are only ever appended (32
+ * bytes, without `key_value_store`, is still accepted).
  */
-#define RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE 32
+#define RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE 40
 
 /**
  * `sizeof(rtpu_device_info)` in ABI v0.
@@ -690,6 +699,46 @@ typedef struct rtpu_named_value {
 } rtpu_named_value;
 
 /**
+ * A key-value store shared by the processes of a job (torch.distributed's
+ * TCPStore, etcd, ...), through which plugins that run collectives across
+ * processes (libtpu, XLA's CUDA plugin) exchange their topology when the
+ * client is created. Keys and values are byte strings. Every function may
+ * be called from any thread, also concurrently, for as long as the runtime
+ * lives. Each returns 0 on success; on failure nonzero, with a
+ * NUL-terminated message of at most `error_size` bytes in `error`.
+ */
+typedef struct rtpu_key_value_store {
+  /**
+   * Set to `RTPU_KEY_VALUE_STORE_STRUCT_SIZE`.
+   */
+  size_t struct_size;
+  /**
+   * Passed to every function; must stay valid until `release`.
+   */
+  void *context;
+  /**
+   * Stores `value_size` bytes at `value` under the `key_size` bytes at `key`.
+   */
+  int32_t (*put)(void *context, const char *key, size_t key_size, const void *value, size_t value_size, char *error, size_t error_size);
+  /**
+   * The value of `key`, waiting up to `timeout_ms` for a peer to put it
+   * (0: do not wait). On success writes a buffer the store allocated to
+   * `*value_out` and its size to `*value_size_out`; rtpu copies it and
+   * hands it back to `free_value`. Returns `RTPU_KEY_VALUE_NOT_FOUND`
+   * when the key is not there in time.
+   */
+  int32_t (*get)(void *context, const char *key, size_t key_size, int64_t timeout_ms, void **value_out, size_t *value_size_out, char *error, size_t error_size);
+  /**
+   * Frees a buffer `get` returned.
+   */
+  void (*free_value)(void *context, void *value);
+  /**
+   * Called once, when rtpu no longer needs `context`; may be NULL.
+   */
+  void (*release)(void *context);
+} rtpu_key_value_store;
+
+/**
  * Arguments of `rtpu_runtime_open`.
  */
 typedef struct rtpu_runtime_open_args {
@@ -706,6 +755,16 @@ typedef struct rtpu_runtime_open_args {
    */
   const struct rtpu_named_value *options;
   size_t num_options;
+  /**
+   * For one process of a job whose plugin runs collectives across
+   * processes (libtpu, XLA's CUDA plugin): the store the client finds its
+   * peers through, given with the create options `node_id` (this
+   * process, from 0) and `num_nodes` (int64), as JAX gives its
+   * distributed client's. Copied; its `context` is released when the
+   * runtime is freed, also when the open fails. NULL: none. The CPU
+   * plugins ignore it (their processes do not share collectives).
+   */
+  const struct rtpu_key_value_store *key_value_store;
 } rtpu_runtime_open_args;
 
 /**
@@ -1233,6 +1292,20 @@ const char *rtpu_runtime_platform_version(const struct rtpu_runtime *runtime);
  * Thread-safe.
  */
 size_t rtpu_runtime_device_count(const struct rtpu_runtime *runtime);
+
+/**
+ * The number of devices of every process of the job, this one's included:
+ * above `rtpu_runtime_device_count` when the plugin joined its peers
+ * through a key-value store (see `rtpu_runtime_open_args`). Device ids
+ * (`rtpu_device_info.id`) are global. NULL `runtime` gives 0. Thread-safe.
+ */
+size_t rtpu_runtime_global_device_count(const struct rtpu_runtime *runtime);
+
+/**
+ * This process's index among the processes of the job (the `node_id` it was
+ * opened with; 0 alone). NULL `runtime` gives 0. Thread-safe.
+ */
+size_t rtpu_runtime_process_index(const struct rtpu_runtime *runtime);
 
 /**
  * Reads the integer attribute `name` (NUL-terminated, e.g. "num_cores",

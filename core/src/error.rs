@@ -166,6 +166,11 @@ pub enum Error {
     #[error("{message}")]
     Collective { code: ErrorCode, message: String },
 
+    /// The key-value store a PJRT client shares with its peers failed
+    /// (DEADLINE_EXCEEDED: a key no peer put in time; NOT_FOUND: not there now).
+    #[error("key-value store: {message}")]
+    KeyValueStore { code: ErrorCode, message: String },
+
     /// `rtpu.set_recompile_limit(n)` was passed at a site.
     #[error(
         "{site} would compile its graph number {count}, past the recompile limit of {limit}: \
@@ -194,7 +199,8 @@ impl Error {
             }
             Error::DeferredGraph { code, .. }
             | Error::LostValue { code, .. }
-            | Error::Collective { code, .. } => *code,
+            | Error::Collective { code, .. }
+            | Error::KeyValueStore { code, .. } => *code,
             Error::RecompileLimit { .. } => ErrorCode::FailedPrecondition,
             Error::OutOfMemory { .. } => ErrorCode::ResourceExhausted,
         }

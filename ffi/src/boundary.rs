@@ -67,6 +67,25 @@ pub(crate) fn check_struct_size(what: &str, given: usize, minimum: usize) -> Res
     Ok(())
 }
 
+/// Calls an embedder's C function that returns 0 or a nonzero status with a
+/// NUL-terminated message in the error buffer it is given: the status and
+/// message on failure.
+pub(crate) fn call_with_error_buffer(
+    f: impl FnOnce(*mut c_char, usize) -> i32,
+) -> Result<(), (i32, String)> {
+    let mut error = [0u8; 512];
+    // One byte is kept back, so an embedder that fills the buffer still
+    // leaves it NUL-terminated.
+    let status = f(error.as_mut_ptr().cast(), error.len() - 1);
+    if status == 0 {
+        return Ok(());
+    }
+    let message = CStr::from_bytes_until_nul(&error)
+        .map(|m| m.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Err((status, message))
+}
+
 /// Whether a (pointer, length) pair addresses any elements: not for length
 /// 0 (whatever the pointer); NULL with a length is INVALID_ARGUMENT.
 fn has_elements(is_null: bool, len: usize, what: &str) -> Result<bool, FfiError> {

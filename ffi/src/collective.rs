@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void};
 
 use rtpu_core::dist::{
     Collective, Communicator, HostTransport, ProcessGroup, ReduceOp, Tensor, Work,
@@ -14,7 +14,9 @@ use rtpu_core::runtime::Buffer;
 use rtpu_core::storage::{Storage, StorageValue};
 use rtpu_core::DType;
 
-use crate::boundary::{check_struct_size, fallible, infallible, non_null, out_ptr, slice};
+use crate::boundary::{
+    call_with_error_buffer, check_struct_size, fallible, infallible, non_null, out_ptr, slice,
+};
 use crate::buffer::dtype_to_c;
 use crate::error::{rtpu_error, FfiError};
 use crate::runtime::{rtpu_runtime, runtime_ref};
@@ -174,20 +176,11 @@ unsafe impl Send for CTransport {}
 // SAFETY: as above.
 unsafe impl Sync for CTransport {}
 
-/// Calls one transport function with an error buffer, turning a nonzero
-/// return into its message.
+/// Calls one transport function, turning a nonzero return into its message.
 fn call_transport(name: &str, f: impl FnOnce(*mut c_char, usize) -> i32) -> Result<(), String> {
-    let mut error = [0u8; 512];
-    let status = f(error.as_mut_ptr().cast(), error.len() - 1);
-    if status == 0 {
-        return Ok(());
-    }
-    let message = CStr::from_bytes_until_nul(&error)
-        .map(|m| m.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    Err(format!(
-        "the host transport's {name} failed ({status}): {message}"
-    ))
+    call_with_error_buffer(f).map_err(|(status, message)| {
+        format!("the host transport's {name} failed ({status}): {message}")
+    })
 }
 
 impl CTransport {

@@ -20,6 +20,7 @@ pub mod error;
 pub mod event;
 pub mod executable;
 pub mod graph;
+pub mod key_value;
 pub mod metrics;
 pub mod mode;
 pub mod ops;
@@ -89,6 +90,10 @@ mod tests {
         assert_eq!(
             runtime::RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE,
             size_of::<runtime::rtpu_runtime_open_args>()
+        );
+        assert_eq!(
+            key_value::RTPU_KEY_VALUE_STORE_STRUCT_SIZE,
+            size_of::<key_value::rtpu_key_value_store>()
         );
         assert_eq!(
             runtime::RTPU_DEVICE_INFO_STRUCT_SIZE,

@@ -4,10 +4,11 @@ use std::ffi::{c_char, CString};
 use std::path::Path;
 use std::sync::Arc;
 
-use rtpu_core::runtime::{self, Client, CreateOption};
+use rtpu_core::runtime::{self, Client, CreateOption, KeyValueStore};
 
 use crate::boundary::{c_str, check_struct_size, fallible, infallible, non_null, out_ptr, slice};
 use crate::error::{rtpu_error, FfiError};
+use crate::key_value::{rtpu_key_value_store, CStore, RTPU_KEY_VALUE_STORE_STRUCT_SIZE};
 
 /// A PJRT plugin with a client on it. Reference counted: `rtpu_runtime_open`
 /// returns one reference; `rtpu_runtime_retain`/`_release` add and drop one.
@@ -23,6 +24,8 @@ pub(crate) struct Runtime {
     platform_name: CString,
     platform_version: CString,
     devices: Vec<DeviceStrings>,
+    global_device_count: usize,
+    process_index: usize,
 }
 
 struct DeviceStrings {
@@ -69,10 +72,22 @@ pub struct rtpu_runtime_open_args {
     /// `num_options` client create options; may be NULL when there are none.
     pub options: *const rtpu_named_value,
     pub num_options: usize,
+    /// For one process of a job whose plugin runs collectives across
+    /// processes (libtpu, XLA's CUDA plugin): the store the client finds its
+    /// peers through, given with the create options `node_id` (this
+    /// process, from 0) and `num_nodes` (int64), as JAX gives its
+    /// distributed client's. Copied; its `context` is released when the
+    /// runtime is freed, also when the open fails. NULL: none. The CPU
+    /// plugins ignore it (their processes do not share collectives).
+    pub key_value_store: *const rtpu_key_value_store,
 }
 
-/// `sizeof(rtpu_runtime_open_args)` in ABI v0; fields are only ever appended.
-pub const RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE: usize = 32;
+/// `sizeof(rtpu_runtime_open_args)`; fields are only ever appended (32
+/// bytes, without `key_value_store`, is still accepted).
+pub const RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE: usize = 40;
+
+/// The size of `rtpu_runtime_open_args` before `key_value_store`.
+const OPEN_ARGS_V0_SIZE: usize = 32;
 
 /// Per-device information filled by `rtpu_runtime_device_info`.
 #[repr(C)]
@@ -163,8 +178,24 @@ pub extern "C" fn rtpu_runtime_open(
         check_struct_size(
             "rtpu_runtime_open_args",
             args.struct_size,
-            RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE,
+            OPEN_ARGS_V0_SIZE,
         )?;
+        // Taken over first, so its context is released whatever fails below.
+        let store = if args.struct_size >= RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE
+            && !args.key_value_store.is_null()
+        {
+            // SAFETY: a non-NULL table is readable per the docs.
+            let table = unsafe { non_null(args.key_value_store, "args->key_value_store") }?;
+            // A table shorter than the struct cannot be read, `release` included.
+            check_struct_size(
+                "rtpu_key_value_store",
+                table.struct_size,
+                RTPU_KEY_VALUE_STORE_STRUCT_SIZE,
+            )?;
+            Some(Arc::new(CStore::new(table).map_err(FfiError::invalid)?) as Arc<dyn KeyValueStore>)
+        } else {
+            None
+        };
         let explicit = if args.plugin_path.is_null() {
             None
         } else {
@@ -186,7 +217,7 @@ pub extern "C" fn rtpu_runtime_open(
 
         let path = runtime::resolve_plugin_path(explicit.map(Path::new))?;
         let plugin = runtime::load(&path)?;
-        let client = Client::create(plugin, &named)?;
+        let client = Client::create_with_store(plugin, &named, store)?;
         let devices = client
             .devices()
             .iter()
@@ -201,6 +232,8 @@ pub extern "C" fn rtpu_runtime_open(
             platform_name: to_c_string(client.platform_name()?),
             platform_version: to_c_string(client.platform_version()?),
             devices,
+            global_device_count: client.global_device_count()?,
+            process_index: client.process_index()?,
             client,
         };
         let raw = Arc::into_raw(Arc::new(runtime));
@@ -278,6 +311,28 @@ pub extern "C" fn rtpu_runtime_device_count(runtime: *const rtpu_runtime) -> usi
     infallible(0, || {
         // SAFETY: a non-NULL handle is live per the docs.
         unsafe { runtime_ref(runtime) }.map_or(0, |rt| rt.client.device_count())
+    })
+}
+
+/// The number of devices of every process of the job, this one's included:
+/// above `rtpu_runtime_device_count` when the plugin joined its peers
+/// through a key-value store (see `rtpu_runtime_open_args`). Device ids
+/// (`rtpu_device_info.id`) are global. NULL `runtime` gives 0. Thread-safe.
+#[no_mangle]
+pub extern "C" fn rtpu_runtime_global_device_count(runtime: *const rtpu_runtime) -> usize {
+    infallible(0, || {
+        // SAFETY: a non-NULL handle is live per the docs.
+        unsafe { runtime_ref(runtime) }.map_or(0, |rt| rt.global_device_count)
+    })
+}
+
+/// This process's index among the processes of the job (the `node_id` it was
+/// opened with; 0 alone). NULL `runtime` gives 0. Thread-safe.
+#[no_mangle]
+pub extern "C" fn rtpu_runtime_process_index(runtime: *const rtpu_runtime) -> usize {
+    infallible(0, || {
+        // SAFETY: a non-NULL handle is live per the docs.
+        unsafe { runtime_ref(runtime) }.map_or(0, |rt| rt.process_index)
     })
 }
 

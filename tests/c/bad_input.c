@@ -94,6 +94,71 @@ static void opening_bad_plugins(const char *fake_plugin) {
   CHECK(rt == (rtpu_runtime *)(uintptr_t)0x1);
 }
 
+/* A store that only counts its releases: the CPU plugin never calls it (its
+ * processes share no collectives), so this checks what rtpu owns: the
+ * table's checks, the context's one release, the global device queries. */
+static int32_t unused_put(void *context, const char *key, size_t key_size, const void *value,
+                          size_t value_size, char *error, size_t error_size) {
+  (void)context, (void)key, (void)key_size, (void)value, (void)value_size;
+  snprintf(error, error_size, "not expected");
+  return 2;
+}
+static int32_t unused_get(void *context, const char *key, size_t key_size, int64_t timeout_ms,
+                          void **value_out, size_t *value_size_out, char *error, size_t error_size) {
+  (void)context, (void)key, (void)key_size, (void)timeout_ms, (void)value_out, (void)value_size_out;
+  snprintf(error, error_size, "not expected");
+  return 2;
+}
+static void unused_free(void *context, void *value) { (void)context, (void)value; }
+static void count_release(void *context) { ++*(int *)context; }
+
+static void a_key_value_store_is_checked_kept_and_released_once(void) {
+  int releases = 0;
+  rtpu_key_value_store store = {0};
+  store.struct_size = RTPU_KEY_VALUE_STORE_STRUCT_SIZE;
+  store.context = &releases;
+  store.put = unused_put;
+  store.get = unused_get;
+  store.free_value = unused_free;
+  store.release = count_release;
+  rtpu_named_value options[2] = {{0}, {0}};
+  options[0].name = "node_id";
+  options[0].value_type = RTPU_VALUE_INT64;
+  options[0].int64_value = 0;
+  options[1].name = "num_nodes";
+  options[1].value_type = RTPU_VALUE_INT64;
+  options[1].int64_value = 1;
+  rtpu_runtime_open_args args = {0};
+  args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
+  args.options = options;
+  args.num_options = 2;
+  args.key_value_store = &store;
+  rtpu_runtime *rt = NULL;
+  CHECK_OK(rtpu_runtime_open(&args, &rt));
+  CHECK(rtpu_runtime_global_device_count(rt) == rtpu_runtime_device_count(rt));
+  CHECK(rtpu_runtime_process_index(rt) == 0);
+  CHECK(releases == 0);
+  rtpu_runtime_release(rt);
+  CHECK(releases == 1);
+
+  /* A table without get: refused, and its context released all the same. */
+  store.get = NULL;
+  CHECK_ERROR(rtpu_runtime_open(&args, &rt), INVALID, "get");
+  CHECK(releases == 2);
+  /* A table too short to read is refused before anything in it is used. */
+  store.get = unused_get;
+  store.struct_size = 8;
+  CHECK_ERROR(rtpu_runtime_open(&args, &rt), INVALID, "rtpu_key_value_store.struct_size");
+  CHECK(releases == 2);
+  /* The args of ABI v0 end before key_value_store: it is not read. */
+  args.struct_size = 32;
+  args.key_value_store = (const rtpu_key_value_store *)(uintptr_t)0x1;
+  CHECK_OK(rtpu_runtime_open(&args, &rt));
+  rtpu_runtime_release(rt);
+  CHECK(rtpu_runtime_global_device_count(NULL) == 0);
+  CHECK(rtpu_runtime_process_index(NULL) == 0);
+}
+
 static void bad_runtime_queries(rtpu_runtime *rt) {
   rtpu_device_info info = {0};
   info.struct_size = RTPU_DEVICE_INFO_STRUCT_SIZE;
@@ -341,6 +406,7 @@ int main(int argc, char **argv) {
   errors_and_null_handles();
   a_panic_is_an_error();
   opening_bad_plugins(argv[1]);
+  a_key_value_store_is_checked_kept_and_released_once();
   rtpu_runtime *rt = open_runtime();
   bad_runtime_queries(rt);
   bad_buffers(rt);

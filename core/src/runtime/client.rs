@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::runtime::sys::{self, Args, PJRT_Client, PJRT_Device, PJRT_DeviceDescription};
 
+use super::key_value::{KeyValueStore, StoreCallbacks};
 use super::plugin::Plugin;
 use crate::error::{Error, ErrorCode, Result};
 
@@ -32,6 +33,9 @@ pub(crate) struct ClientInner {
     devices: Vec<*mut PJRT_Device>,
     /// The platform name, read once: every op asks.
     platform_name: std::sync::OnceLock<String>,
+    /// The store the plugin may call back into for the client's lifetime;
+    /// dropped after the client (fields drop after `drop`).
+    _store: Option<Box<StoreCallbacks>>,
 }
 
 // SAFETY: PJRT clients are thread-safe; the raw pointers are only handed to
@@ -58,6 +62,17 @@ impl Drop for ClientInner {
 impl Client {
     /// Creates a client with named create options.
     pub fn create(plugin: &'static Plugin, options: &[(&str, CreateOption)]) -> Result<Client> {
+        Client::create_with_store(plugin, options, None)
+    }
+
+    /// Creates a client with named create options and, for plugins that find
+    /// their peers through one (with the `node_id` and `num_nodes` options),
+    /// a key-value store shared by the processes of the job.
+    pub fn create_with_store(
+        plugin: &'static Plugin,
+        options: &[(&str, CreateOption)],
+        store: Option<Arc<dyn KeyValueStore>>,
+    ) -> Result<Client> {
         // The NamedValues point into `names` and `lists`, which outlive the call.
         let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
         let strings: Vec<CString> = options
@@ -110,13 +125,19 @@ impl Client {
         let mut args = sys::PJRT_Client_Create_Args::new();
         args.create_options = values.as_ptr();
         args.num_options = values.len();
-        // SAFETY: `values` and everything it points to outlive the call.
+        let store = store.map(StoreCallbacks::new);
+        if let Some(callbacks) = &store {
+            callbacks.install(&mut args);
+        }
+        // SAFETY: `values` and everything it points to outlive the call; the
+        // store's callbacks outlive the client (ClientInner keeps them).
         unsafe { pjrt_call!(plugin, PJRT_Client_Create, &mut args) }?;
         let mut inner = ClientInner {
             plugin,
             raw: args.client,
             devices: Vec::new(),
             platform_name: std::sync::OnceLock::new(),
+            _store: store,
         };
 
         let mut dev_args = sys::PJRT_Client_AddressableDevices_Args::new();
@@ -183,6 +204,27 @@ impl Client {
 
     pub fn device_count(&self) -> usize {
         self.inner.devices.len()
+    }
+
+    /// The devices of every process of the job (this one's included): more
+    /// than `device_count` when a plugin joined its peers through a
+    /// key-value store.
+    pub fn global_device_count(&self) -> Result<usize> {
+        let mut args = sys::PJRT_Client_Devices_Args::new();
+        args.client = self.inner.raw;
+        // SAFETY: live client.
+        unsafe { pjrt_call!(self.inner.plugin, PJRT_Client_Devices, &mut args) }?;
+        Ok(args.num_devices)
+    }
+
+    /// This process's index among the processes of the job (0 alone).
+    pub fn process_index(&self) -> Result<usize> {
+        let mut args = sys::PJRT_Client_ProcessIndex_Args::new();
+        args.client = self.inner.raw;
+        // SAFETY: live client.
+        unsafe { pjrt_call!(self.inner.plugin, PJRT_Client_ProcessIndex, &mut args) }?;
+        usize::try_from(args.process_index)
+            .map_err(|_| Error::invalid("the plugin's process index", "≥ 0", args.process_index))
     }
 
     /// The addressable device at `index`, or INVALID_ARGUMENT.

@@ -24,6 +24,7 @@ mod client;
 mod compile;
 mod event;
 mod executable;
+mod key_value;
 mod plugin;
 pub(crate) mod sys;
 
@@ -32,6 +33,7 @@ pub use client::{Client, CreateOption, Device, MemoryStats};
 pub use compile::CompileOptions;
 pub(crate) use event::Event;
 pub use executable::{ExecuteOptions, LoadedExecutable, ParameterType};
+pub use key_value::KeyValueStore;
 pub use plugin::{
     load, resolve_plugin_path, Plugin, PLUGIN_ENV, PLUGIN_INSTALL_HINT, RTPU_PJRT_API_VERSION,
 };

@@ -41,6 +41,8 @@ args_structs!(
     PJRT_Client_PlatformName_Args,
     PJRT_Client_PlatformVersion_Args,
     PJRT_Client_AddressableDevices_Args,
+    PJRT_Client_Devices_Args,
+    PJRT_Client_ProcessIndex_Args,
     PJRT_Client_BufferFromHostBuffer_Args,
     PJRT_Client_Compile_Args,
     PJRT_Device_GetDescription_Args,
