@@ -77,6 +77,10 @@ void op_flush(const std::string& site) {
   check(rtpu_engine_flush(site.empty() ? nullptr : site.c_str()));
 }
 
+void op_split_at_collective() {
+  check(rtpu_engine_split_at_collective());
+}
+
 void op_set_explain_recompiles(bool on) {
   rtpu_engine_set_explain_recompiles(on);
 }
@@ -156,6 +160,8 @@ TORCH_LIBRARY(rtpu, m) {
   m.def("is_deferred() -> bool", TORCH_FN(op_is_deferred));
   // site: where the flush was asked for ("" for the current op's line).
   m.def("flush(str site) -> ()", TORCH_FN(op_flush));
+  // Before a collective staged through the host: ends the step's program.
+  m.def("split_at_collective() -> ()", TORCH_FN(op_split_at_collective));
   m.def("set_explain_recompiles(bool on) -> ()", TORCH_FN(op_set_explain_recompiles));
   // A negative limit removes it.
   m.def("set_recompile_limit(int limit) -> ()", TORCH_FN(op_set_recompile_limit));

@@ -141,6 +141,23 @@ const rtpu_runtime* runtime() {
   rtpu_runtime_open_args args{};
   args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
   args.plugin_path = plugin.c_str();
+  // RTPU_CPU_DEVICES=N: the CPU plugin's devices per process (its own
+  // default otherwise), e.g. one per torchrun rank, or 8 to try a mesh.
+  rtpu_named_value cpu_devices{};
+  if (const char* text = std::getenv("RTPU_CPU_DEVICES"); text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const long long count = std::strtoll(text, &end, 10);
+    TORCH_CHECK(
+        *end == '\0' && count > 0,
+        "rtpu: RTPU_CPU_DEVICES must be a positive device count, got '",
+        text,
+        "'");
+    cpu_devices.name = "cpu_device_count";
+    cpu_devices.value_type = RTPU_VALUE_INT64;
+    cpu_devices.int64_value = count;
+    args.options = &cpu_devices;
+    args.num_options = 1;
+  }
   rtpu_runtime* rt = nullptr;
   check(rtpu_runtime_open(&args, &rt));
   // Never released: storages and generators may outlive any owner we could

@@ -1176,6 +1176,14 @@ uint32_t rtpu_engine_mode(void);
 struct rtpu_error *rtpu_engine_flush(const char *site);
 
 /**
+ * Runs every pending graph, as `rtpu_engine_flush` does, before a
+ * collective that cannot be part of a program (one the embedder stages
+ * through the host across processes), counting one `collective_splits`
+ * when a graph was pending. Thread-safe.
+ */
+struct rtpu_error *rtpu_engine_split_at_collective(void);
+
+/**
  * Flushes every pending graph and waits until the device has run them.
  * Thread-safe.
  */

@@ -77,6 +77,7 @@ metrics! {
     CollectivesRun = "collectives_run", Count, "collectives run over the devices of a communicator";
     CollectiveBytes = "collective_bytes", Bytes, "bytes the ranks' tensors of those collectives held";
     ExecutablesEvicted = "executables_evicted", Count, "programs dropped from the in-memory cache past RTPU_MEMORY_CACHE_ENTRIES";
+    CollectiveSplits = "collective_splits", Count, "step programs ended early at a collective the plugin cannot run inside a program (staged through the host)";
 }
 
 const COUNT: usize = DEFINITIONS.len();

@@ -66,6 +66,17 @@ pub extern "C" fn rtpu_engine_flush(site: *const c_char) -> *mut rtpu_error {
     })
 }
 
+/// Runs every pending graph, as `rtpu_engine_flush` does, before a
+/// collective that cannot be part of a program (one the embedder stages
+/// through the host across processes), counting one `collective_splits`
+/// when a graph was pending. Thread-safe.
+#[no_mangle]
+pub extern "C" fn rtpu_engine_split_at_collective() -> *mut rtpu_error {
+    fallible("rtpu_engine_split_at_collective", || {
+        Ok(deferred::split_at_collective()?)
+    })
+}
+
 /// Flushes every pending graph and waits until the device has run them.
 /// Thread-safe.
 #[no_mangle]

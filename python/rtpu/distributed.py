@@ -91,6 +91,9 @@ class _Staged:
     the ones the collective writes."""
 
     def __init__(self, divide_by: int = 1):
+        # Inside rtpu.step() the program ends here: the collective reads its
+        # inputs on the host (counted as a `collective_splits`).
+        torch.ops.rtpu.split_at_collective()
         self._divide_by = divide_by
         self._written: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -311,6 +314,7 @@ class ProcessGroupTpu(ProcessGroup):
 
     def barrier(self, opts=BarrierOptions()):
         self._agree("barrier", [])
+        torch.ops.rtpu.split_at_collective()
         torch.tpu.synchronize()
         return _done(None)
 

@@ -314,11 +314,13 @@ def subgroups_coalescing_steps_and_compiled_collectives():
     # In a step: the pending graph runs up to the collective, which then
     # reads its input; the ops after it record into the next graph.
     t = x.to(DEVICE)
+    splits = rtpu.metrics()["collective_splits"]
     with rtpu.step():
         y = t * 2
         dist.all_reduce(y)
         z = y + 1
     same(z, expected * 2 + 1, "all_reduce inside rtpu.step()")
+    assert rtpu.metrics()["collective_splits"] == splits + 1, "the step's program ends at the collective"
 
     def compiled_step(v):
         return funcol.all_reduce(v * 2, "sum", dist.group.WORLD) + 1

@@ -1,6 +1,8 @@
 """The `tpu` device itself: registration, torch.tpu, memory stats, RNG."""
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -49,6 +51,28 @@ def test_bad_device_index_is_a_clear_error():
     with pytest.raises(RuntimeError, match="out of range"):
         torch.ones(2, device=f"tpu:{count}")
     assert torch.tpu.current_device() == 0
+
+
+def test_rtpu_cpu_devices_sets_the_cpu_plugins_device_count():
+    script = (
+        "import torch, rtpu\n"
+        "try:\n"
+        "    x = torch.arange(3.0, device='tpu:1') * 2\n"
+        "    print(torch.tpu.device_count(), x.cpu().tolist())\n"
+        "except RuntimeError as e:\n"
+        "    print('error:', e)\n"
+    )
+
+    def run(value):
+        done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, RTPU_CPU_DEVICES=value),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().splitlines()[-1]
+
+    assert run("2") == "2 [0.0, 2.0, 4.0]"
+    assert run("6") == "6 [0.0, 2.0, 4.0]"
+    assert "RTPU_CPU_DEVICES must be a positive device count, got 'two'" in run("two")
+    assert "RTPU_CPU_DEVICES must be a positive device count, got '0'" in run("0")
 
 
 def test_synchronize_runs_what_is_pending():

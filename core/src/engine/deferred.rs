@@ -495,6 +495,17 @@ pub fn flush_all(site: Option<&str>) -> Result<()> {
     first_error.map_or(Ok(()), Err)
 }
 
+/// Runs every pending graph before a collective that cannot be part of a
+/// program (one staged through the host, across processes): a step's
+/// program ends there, and the ops after it record into the next one.
+/// Counts one `collective_splits` when a graph was pending.
+pub fn split_at_collective() -> Result<()> {
+    if !pending().is_empty() {
+        metrics::add(Metric::CollectiveSplits, 1);
+    }
+    flush_all(None)
+}
+
 /// Flushes every pending graph and waits until the devices have run
 /// everything launched.
 pub fn synchronize() -> Result<()> {
