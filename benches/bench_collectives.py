@@ -1,8 +1,9 @@
-"""Collectives across processes on `tpu` next to gloo on the same CPU
-tensors, in one run: all-reduce bandwidth from 1 MB to 256 MB over 2
-processes (the tpu backend stages through host memory over gloo, so gloo
-is the floor), and a DDP step on 2 processes next to 1. A benchmark, not a
-test: numbers vary by machine.
+"""Collectives on `tpu` next to gloo on the same CPU tensors, in one run:
+all-reduce bandwidth from 1 MB to 256 MB over 2 processes (the tpu backend
+stages through host memory over gloo, so gloo is the floor) and over 2 and
+4 devices of one process (`rtpu.distributed.all_reduce_devices`: one XLA
+program, no host copies), and a DDP step on 2 processes next to 1. A
+benchmark, not a test: numbers vary by machine.
 
     python benches/bench_collectives.py [--max-mb 256] [--repeats 5]
 """
@@ -46,9 +47,25 @@ def all_reduce_rows(max_mb, repeats):
             torch.tpu.synchronize()
 
         t_tpu = timed(on_tpu, repeats)
-        rows.append((mb, t_gloo, t_tpu))
+        # Rank 0 alone, over devices of its own process (rank 1 waits in
+        # its next all_reduce meanwhile).
+        in_process = [in_process_time(n, devices, repeats) if dist.get_rank() == 0 else 0.0 for devices in (2, 4)]
+        rows.append((mb, t_gloo, t_tpu, *in_process))
         mb *= 4
     return rows
+
+
+def in_process_time(n, devices, repeats):
+    import rtpu.distributed
+
+    tensors = [torch.ones(n, device=f"tpu:{d}") for d in range(devices)]
+    torch.tpu.synchronize()
+
+    def run():
+        rtpu.distributed.all_reduce_devices(tensors)
+        torch.tpu.synchronize()
+
+    return timed(run, repeats)
 
 
 def ddp_step_time(repeats, world):
@@ -73,10 +90,12 @@ def worker(args):
     rows = all_reduce_rows(args.max_mb, args.repeats)
     ddp = ddp_step_time(args.repeats, dist.get_world_size())
     if dist.get_rank() == 0:
-        print("all_reduce over 2 processes (float32, median seconds; bus bandwidth = bytes/time)")
-        print(f"{'MB':>6} {'gloo cpu':>10} {'tpu':>10} {'tpu/gloo':>9} {'tpu GB/s':>9}")
-        for mb, t_gloo, t_tpu in rows:
-            print(f"{mb:>6} {t_gloo:>10.4f} {t_tpu:>10.4f} {t_tpu / t_gloo:>9.2f} {mb / 1024 / t_tpu:>9.2f}")
+        print("all_reduce, float32, median seconds: gloo and tpu over 2 processes (tpu stages through")
+        print("host memory over gloo); tpu over 2 and 4 devices of one process (one XLA program)")
+        print(f"{'MB':>6} {'gloo 2p':>9} {'tpu 2p':>9} {'tpu/gloo':>9} {'tpu 2dev':>9} {'2dev/gloo':>9} {'tpu 4dev':>9}")
+        for mb, t_gloo, t_tpu, t_2dev, t_4dev in rows:
+            print(f"{mb:>6} {t_gloo:>9.4f} {t_tpu:>9.4f} {t_tpu / t_gloo:>9.2f} "
+                  f"{t_2dev:>9.4f} {t_2dev / t_gloo:>9.2f} {t_4dev:>9.4f}")
         print(f"DDP MLP step (global batch 128) on 2 processes: {ddp * 1e3:.1f} ms")
     dist.destroy_process_group()
 

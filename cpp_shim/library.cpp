@@ -137,6 +137,10 @@ at::Generator op_default_generator(int64_t device) {
   return default_generator(static_cast<c10::DeviceIndex>(device));
 }
 
+std::vector<at::Tensor> op_all_reduce_devices(std::vector<at::Tensor> tensors, std::string op) {
+  return all_reduce_devices(tensors, op);
+}
+
 void op_manual_seed_all(int64_t seed) {
   manual_seed_all(static_cast<uint64_t>(seed));
 }
@@ -162,6 +166,7 @@ TORCH_LIBRARY(rtpu, m) {
   m.def("flush(str site) -> ()", TORCH_FN(op_flush));
   // Before a collective staged through the host: ends the step's program.
   m.def("split_at_collective() -> ()", TORCH_FN(op_split_at_collective));
+  m.def("all_reduce_devices(Tensor[] tensors, str op) -> Tensor[]", TORCH_FN(op_all_reduce_devices));
   m.def("set_explain_recompiles(bool on) -> ()", TORCH_FN(op_set_explain_recompiles));
   // A negative limit removes it.
   m.def("set_recompile_limit(int limit) -> ()", TORCH_FN(op_set_recompile_limit));

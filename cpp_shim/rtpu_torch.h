@@ -129,6 +129,15 @@ size_t op_id(const char* schema_name);
 // Runs core op `op` on (dst, src, false) for a same-device copy.
 void device_copy(const at::Tensor& dst, const at::Tensor& src);
 
+// ----- collectives.cpp -----------------------------------------------------
+
+// All-reduces tensors of one dtype and shape, each on a different tpu
+// device of this process, in one XLA program (collectives.cpp); returns
+// each device's result.
+std::vector<at::Tensor> all_reduce_devices(
+    const std::vector<at::Tensor>& tensors,
+    const std::string& op);
+
 // ----- fallback.cpp --------------------------------------------------------
 
 // Runs `op` on the CPU: the fallback for ops the core does not implement,

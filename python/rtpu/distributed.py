@@ -40,7 +40,7 @@ from torch._C._distributed_c10d import (
     _create_work_from_future,
 )
 
-__all__ = ["ProcessGroupTpu"]
+__all__ = ["ProcessGroupTpu", "all_reduce_devices"]
 
 BACKEND = "tpu"
 
@@ -336,6 +336,19 @@ class ProcessGroupTpu(ProcessGroup):
         staged = _Staged()
         host = [staged.write(t) for t in tensors]
         return staged.finish(self._host.recv(host, src, tag), tensors)
+
+
+def all_reduce_devices(tensors, op: str = "sum") -> None:
+    """All-reduces `tensors` in place: one per tpu device of this process,
+    of one dtype and shape, as `torch.cuda.nccl.all_reduce` does over GPUs.
+    It runs as one XLA program with a replica per device, without host
+    copies; `op` is "sum", "avg", "min", "max" or "prod". Inside
+    `rtpu.step()` the step's program ends here (a `collective_splits`)."""
+    tensors = list(tensors)
+    results = torch.ops.rtpu.all_reduce_devices(tensors, op)
+    with torch.no_grad():
+        for tensor, result in zip(tensors, results):
+            tensor.copy_(result)
 
 
 # Groups whose gloo threads must end before the interpreter does.

@@ -62,6 +62,13 @@ static void *run_rank(void *arg) {
     const int64_t sizes[1] = {(int64_t)job->out_count};
     rtpu_tensor_ref ref = ref_of(output, sizes, 1);
     CHECK_OK(rtpu_tensor_copy_to_host(&ref, job->out, job->out_count * sizeof(float)));
+    /* The result is a storage like any other: ops take it. */
+    rtpu_storage *doubled = call_binary(g_runtime, "aten::add.Tensor", ref, ref);
+    float twice[RANKS * N];
+    rtpu_tensor_ref doubled_ref = ref_of(doubled, sizes, 1);
+    CHECK_OK(rtpu_tensor_copy_to_host(&doubled_ref, twice, job->out_count * sizeof(float)));
+    for (size_t k = 0; k < job->out_count; k++) CHECK(twice[k] == 2 * job->out[k]);
+    rtpu_storage_release(doubled);
     rtpu_storage_release(output);
   }
   rtpu_storage_release(input);

@@ -195,10 +195,11 @@ impl ProcessGroup {
         metrics::add(Metric::CollectiveBytes, output.len() as u64);
         metrics::add(Metric::HostToDeviceBytes, output.len() as u64);
         let device = self.client.device(self.device)?;
+        // A storage's buffer is flat, whatever the tensor's dims.
         Ok(Some(self.client.buffer_from_host(
             &output,
             tensor.dtype,
-            &dims,
+            &[dims.iter().product::<i64>()],
             &device,
         )?))
     }

@@ -194,6 +194,15 @@ fn graph(collective: Collective, dtype: DType, stored: &[i64], dims: &[i64], siz
         }
         Collective::Barrier => unreachable!("handled above"),
     };
+    // A storage's buffer is flat (its elements densely, as the engine
+    // reads them), whatever the tensor's dims.
+    let out_ty = g.nodes[out].1.clone();
+    let flat = TensorType::new(dtype, &[out_ty.dims.iter().product()]);
+    let out = if out_ty.dims == flat.dims {
+        out
+    } else {
+        push(&mut g, Node::Reshape(out), flat)
+    };
     g.outputs = vec![out];
     g
 }
