@@ -18,7 +18,11 @@ import torch.nn.functional as F
 
 import rtpu
 
-LOSS_RTOL = 2e-6
+# float32 losses over AdamW steps at lr 1e-2: over 12 seeds the worst
+# relative difference from CPU was 4.5e-7, but seed 7833391029304656597 gives
+# 6.7e-6 (Adam's normalized update turns a rounding difference in a near-zero
+# gradient into a full step). An untied head or a wrong op is off by > 1e-3.
+LOSS_RTOL = 2e-5
 STEPS = 6
 
 
