@@ -317,6 +317,11 @@
 #define RTPU_DEVICE_INFO_STRUCT_SIZE 64
 
 /**
+ * `sizeof(rtpu_sharding)`.
+ */
+#define RTPU_SHARDING_STRUCT_SIZE 72
+
+/**
  * An array on one device. Owned by whoever received it; free it with
  * `rtpu_buffer_destroy`. Keeps its client alive, so it may outlive the
  * runtime it came from. Thread-safe: all calls take it as `const`.
@@ -801,6 +806,44 @@ typedef struct rtpu_device_info {
    */
   int64_t bytes_limit;
 } rtpu_device_info;
+
+/**
+ * A value split over a mesh: cut into `tiles[d]` equal tiles along each
+ * dim `d` of `dims`, each tile held by `replicas` partitions. Passed to
+ * `rtpu_storage_shard` (read only) and filled by `rtpu_storage_sharding`.
+ */
+typedef struct rtpu_sharding {
+  /**
+   * Set to `RTPU_SHARDING_STRUCT_SIZE`.
+   */
+  size_t struct_size;
+  /**
+   * The mesh: `num_devices` device indices of the runtime, distinct.
+   * Partition `p` of a program runs on `devices[p]`.
+   */
+  size_t *devices;
+  size_t num_devices;
+  /**
+   * `rank` dims of the value as split; their product is the storage's
+   * element count.
+   */
+  int64_t *dims;
+  /**
+   * `rank` tile counts, each >= 1 and dividing its dim.
+   */
+  int64_t *tiles;
+  size_t rank;
+  /**
+   * Copies of each tile, >= 1.
+   */
+  int64_t replicas;
+  /**
+   * The partition holding each (tile, copy), row-major over the tiles
+   * and then the copy: product(tiles) * replicas distinct partitions.
+   */
+  size_t *partitions;
+  size_t num_partitions;
+} rtpu_sharding;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1330,6 +1373,24 @@ struct rtpu_error *rtpu_runtime_device_int_attribute(const struct rtpu_runtime *
  * owned by the runtime. Thread-safe.
  */
 struct rtpu_error *rtpu_runtime_device_info(const struct rtpu_runtime *runtime, size_t index, struct rtpu_device_info *info_out);
+
+/**
+ * Splits the value of `storage`, read as `dtype` (one of
+ * `RTPU_DTYPE_*`), over the mesh `sharding` describes (read only during
+ * the call), copying each device its tile. The storage stays split until
+ * a write changes its size. Thread-safe.
+ */
+struct rtpu_error *rtpu_storage_shard(const struct rtpu_storage *storage, uint32_t dtype, const struct rtpu_sharding *sharding);
+
+/**
+ * Writes to `*sharded_out` whether `storage` is split over a mesh (its
+ * pending value computed first). When it is, fills `*sharding_out`: its
+ * counts (`num_devices`, `rank`, `num_partitions`) and `replicas` always,
+ * and each array whose pointer is non-NULL (sized from a first call with
+ * NULL arrays; a count given smaller than the one written is
+ * INVALID_ARGUMENT). Set `sharding_out->struct_size` first. Thread-safe.
+ */
+struct rtpu_error *rtpu_storage_sharding(const struct rtpu_storage *storage, bool *sharded_out, struct rtpu_sharding *sharding_out);
 
 /**
  * Creates a storage of `nbytes` on device `device_index` of the runtime. It

@@ -4,6 +4,7 @@
 use std::fmt;
 
 use crate::dtype::DType;
+use crate::sharding::Sharding;
 
 /// A value: the index of the node that defines it in its graph.
 pub type ValueId = usize;
@@ -483,6 +484,20 @@ pub struct Graph {
     /// Parameters whose buffers the caller donates: XLA may reuse their
     /// memory for outputs of the same type.
     pub donors: Vec<usize>,
+    /// Set for a program partitioned over the devices of a mesh.
+    pub spmd: Option<Spmd>,
+}
+
+/// How an SPMD program's parameters and outputs are laid out over its
+/// partitions; XLA propagates the layout of everything in between.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Spmd {
+    /// The client device index each partition runs on.
+    pub devices: Vec<usize>,
+    /// One per parameter.
+    pub params: Vec<Sharding>,
+    /// One per output; None lets XLA choose.
+    pub outputs: Vec<Option<Sharding>>,
 }
 
 impl Graph {
@@ -529,6 +544,7 @@ impl Graph {
             nodes,
             outputs: outputs.iter().map(|&o| new_id[o]).collect(),
             donors: Vec::new(),
+            spmd: None,
         };
         (pruned, kept_params)
     }

@@ -14,6 +14,7 @@ pub mod lower;
 pub mod metrics;
 pub mod ops;
 pub mod runtime;
+pub mod sharding;
 pub mod storage;
 
 pub use dtype::DType;

@@ -7,6 +7,7 @@ use half::{bf16, f16};
 
 use crate::dtype::DType;
 use crate::ir::{CompareDir, Graph, Literal, Node, ReduceOp, TensorType};
+use crate::sharding::Sharding;
 
 /// The module text for `graph`, with `@main` as its entry.
 pub fn lower(graph: &Graph) -> String {
@@ -19,7 +20,15 @@ pub fn lower(graph: &Graph) -> String {
             param_nodes[*i] = Some(id);
         }
     }
-    out.push_str("module @rtpu {\n  func.func public @main(");
+    out.push_str("module @rtpu ");
+    if let Some(spmd) = &graph.spmd {
+        let _ = write!(
+            out,
+            "attributes {{mhlo.num_partitions = {} : i32, mhlo.num_replicas = 1 : i32}} ",
+            spmd.devices.len()
+        );
+    }
+    out.push_str("{\n  func.func public @main(");
     for (i, ty) in graph.params.iter().enumerate() {
         if i > 0 {
             out.push_str(", ");
@@ -32,9 +41,16 @@ pub fn lower(graph: &Graph) -> String {
                 let _ = write!(out, "%unused{i}: {ty}");
             }
         }
+        let mut attributes = Vec::new();
         if graph.donors.contains(&i) {
             // XLA may alias the donated buffer with an output of its type.
-            out.push_str(" {jax.buffer_donor = true}");
+            attributes.push("jax.buffer_donor = true".to_string());
+        }
+        if let Some(spmd) = &graph.spmd {
+            attributes.push(sharding_attribute(&spmd.params[i], spmd.devices.len()));
+        }
+        if !attributes.is_empty() {
+            let _ = write!(out, " {{{}}}", attributes.join(", "));
         }
     }
     out.push_str(") -> (");
@@ -43,6 +59,17 @@ pub fn lower(graph: &Graph) -> String {
             out.push_str(", ");
         }
         let _ = write!(out, "{}", graph.ty(v));
+        let chosen = graph
+            .spmd
+            .as_ref()
+            .and_then(|s| Some((s.outputs[i].as_ref()?, s)));
+        if let Some((sharding, spmd)) = chosen {
+            let _ = write!(
+                out,
+                " {{{}}}",
+                sharding_attribute(sharding, spmd.devices.len())
+            );
+        }
     }
     out.push_str(") {\n");
     for (id, (node, ty)) in graph.nodes.iter().enumerate() {
@@ -111,6 +138,10 @@ fn op(
 
 /// The literal as a dense attribute element of `dtype`, exact for every
 /// dtype (floats as hex bit patterns, so inf/nan and rounding are exact).
+fn sharding_attribute(sharding: &Sharding, partitions: usize) -> String {
+    format!("mhlo.sharding = \"{}\"", sharding.to_hlo_text(partitions))
+}
+
 pub fn literal_attr(literal: Literal, dtype: DType) -> String {
     let as_f64 = match literal {
         Literal::Float(x) => x,
@@ -611,6 +642,7 @@ mod tests {
             ],
             outputs: vec![5],
             donors: vec![1],
+            spmd: None,
         };
         let want = r#"module @rtpu {
   func.func public @main(%v0: tensor<2xf32>, %v1: tensor<2xf32> {jax.buffer_donor = true}) -> (tensor<2xf32>) {

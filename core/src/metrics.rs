@@ -78,6 +78,10 @@ metrics! {
     CollectiveBytes = "collective_bytes", Bytes, "bytes the ranks' tensors of those collectives held";
     ExecutablesEvicted = "executables_evicted", Count, "programs dropped from the in-memory cache past RTPU_MEMORY_CACHE_ENTRIES";
     CollectiveSplits = "collective_splits", Count, "step programs ended early at a collective the plugin cannot run inside a program (staged through the host)";
+    SpmdExecutions = "spmd_executions", Count, "programs run partitioned over the devices of a mesh (SPMD)";
+    SpmdCollectives = "spmd_collectives", Count, "collectives XLA's partitioner put in the SPMD programs compiled or loaded";
+    SpmdReplicatedBytes = "spmd_replicated_bytes", Bytes, "bytes of unsharded inputs of SPMD programs copied to the other devices of the mesh";
+    SpmdCollectiveBytes = "spmd_collective_bytes", Bytes, "bytes the collectives of the SPMD programs run produced on each device (their results' sizes, per device)";
 }
 
 const COUNT: usize = DEFINITIONS.len();

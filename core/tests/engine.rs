@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{assert_close, f32_bytes, f32s_from, host_matmul, Rng};
+use common::{assert_close, f32_bytes, f32_tensor, f32s_from, host_matmul, Rng};
 use rtpu_core::engine::{self, Arg, Output, TensorArg};
 use rtpu_core::storage::{Storage, View};
 use rtpu_core::{DType, ErrorCode};
@@ -13,18 +13,6 @@ const ATOL: f32 = 1e-6;
 
 fn op(name: &str) -> usize {
     engine::find_op(name).unwrap_or_else(|| panic!("{name} is not in the op table"))
-}
-
-fn f32_tensor(values: &[f32], sizes: &[i64]) -> TensorArg {
-    let client = common::cpu_client();
-    let storage = Storage::new(client, 0, values.len() * 4).unwrap();
-    storage
-        .write_host_bytes(&f32_bytes(values), DType::F32)
-        .unwrap();
-    TensorArg {
-        storage,
-        view: View::contiguous(sizes, DType::F32),
-    }
 }
 
 fn i64_tensor(values: &[i64], sizes: &[i64]) -> TensorArg {

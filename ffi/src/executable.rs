@@ -108,7 +108,7 @@ pub extern "C" fn rtpu_executable_compile(
             num_replicas: args.num_replicas,
             num_partitions: args.num_partitions,
             use_spmd_partitioning: args.use_spmd_partitioning,
-            device_assignment: None,
+            ..CompileOptions::default()
         };
         let exe = rt.client.compile(code, &options)?;
         // SAFETY: checked non-NULL; written only on success.

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod mode;
 pub mod ops;
 pub mod runtime;
+pub mod sharding;
 pub mod storage;
 
 use crate::boundary::fallible;
@@ -126,6 +127,10 @@ mod tests {
         assert_eq!(
             collective::RTPU_HOST_TRANSPORT_STRUCT_SIZE,
             size_of::<collective::rtpu_host_transport>()
+        );
+        assert_eq!(
+            sharding::RTPU_SHARDING_STRUCT_SIZE,
+            size_of::<sharding::rtpu_sharding>()
         );
     }
 }

@@ -184,6 +184,13 @@ fn collectives_across_two_processes() {
 }
 
 #[test]
+fn storages_sharded_over_a_mesh() {
+    let exe = out_dir().join("sharding");
+    compile("cc", "-std=c11", "tests/c/sharding.c", &exe, &[]);
+    run(&exe, &[]);
+}
+
+#[test]
 fn events_mark_query_wait_and_time_device_work() {
     let exe = out_dir().join("events");
     compile("cc", "-std=c11", "tests/c/events.c", &exe, &[]);

@@ -40,7 +40,17 @@ from torch._C._distributed_c10d import (
     _create_work_from_future,
 )
 
-__all__ = ["ProcessGroupTpu", "all_reduce_devices"]
+from rtpu._sharding import Mesh, Sharding, distribute_tensor, get_sharding, mark_sharding
+
+__all__ = [
+    "Mesh",
+    "ProcessGroupTpu",
+    "Sharding",
+    "all_reduce_devices",
+    "distribute_tensor",
+    "get_sharding",
+    "mark_sharding",
+]
 
 BACKEND = "tpu"
 

@@ -20,6 +20,7 @@ _Static_assert(RTPU_OP_OUTPUT_STRUCT_SIZE == sizeof(rtpu_op_output), "op_output"
 _Static_assert(RTPU_CACHE_INFO_STRUCT_SIZE == sizeof(rtpu_cache_info), "cache_info");
 _Static_assert(RTPU_COLLECTIVE_ARGS_STRUCT_SIZE == sizeof(rtpu_collective_args), "collective_args");
 _Static_assert(RTPU_HOST_TRANSPORT_STRUCT_SIZE == sizeof(rtpu_host_transport), "host_transport");
+_Static_assert(RTPU_SHARDING_STRUCT_SIZE == sizeof(rtpu_sharding), "sharding");
 
 /* A float32 view of `s` (sizes and strides borrowed: they must outlive the
  * returned reference). */

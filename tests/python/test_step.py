@@ -34,15 +34,21 @@ def mlp_batches(seed, batch=16):
     return [(torch.randn(batch, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)) for _ in range(4)]
 
 
-def train(device, make_model, make_optimizer, batches, steps, seed, step_mode):
+def train(device, make_model, make_optimizer, batches, steps, seed, step_mode, layout=None):
+    """Losses and the model; `layout` (test_spmd's) splits parameters and
+    batches over a mesh."""
     torch.manual_seed(seed)
     model = make_model().to(device)
+    if layout is not None:
+        layout.model(model)
     optimizer = make_optimizer(model.parameters())
     losses = []
     for i in range(steps):
         x, y = batches[i % len(batches)]
         with rtpu.step() if step_mode else torch.enable_grad():
             x, y = x.to(device), y.to(device)
+            if layout is not None:
+                layout.batch(x, y)
             optimizer.zero_grad()
             logits = model(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))

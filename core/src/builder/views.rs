@@ -101,7 +101,9 @@ impl<'a> Builder<'a> {
                 };
                 self.param(TensorType::new(dtype, &[elements]), source)
             }
-            StorageValue::Pending { dtype } => {
+            // A sharded value is read by recording: the op runs as an SPMD
+            // program (in eager mode too, flushed at once).
+            StorageValue::Pending { dtype } | StorageValue::Sharded { dtype, .. } => {
                 let elements = storage.elements(dtype)? as i64;
                 self.param(
                     TensorType::new(dtype, &[elements]),

@@ -187,11 +187,7 @@ pub(crate) fn executable(
     }
     let text = lower(graph);
     dump(&text);
-    let device_id = client.device(device_index)?.id()? as i64;
-    let options = CompileOptions {
-        device_assignment: Some(vec![vec![device_id]]),
-        ..Default::default()
-    };
+    let options = compile_options(client, device_index, graph)?;
     let disk = DiskEntry::new(client, &options, &text);
     let exe = match disk.as_ref().and_then(|d| d.load(client, &text)) {
         Some(exe) => {
@@ -217,8 +213,36 @@ pub(crate) fn executable(
             Arc::new(exe)
         }
     };
+    if graph.spmd.is_some() {
+        let count = exe.collectives().map_or(0, |c| c.count);
+        metrics::add(Metric::SpmdCollectives, count as u64);
+    }
     memory().store(key, graph, exe.clone(), max_memory_entries());
     Ok(exe)
+}
+
+/// One device's program, or an SPMD program with one partition per device
+/// of its mesh (XLA choosing the layouts of outputs not given one).
+fn compile_options(client: &Client, device_index: usize, graph: &Graph) -> Result<CompileOptions> {
+    let Some(spmd) = &graph.spmd else {
+        let device_id = client.device(device_index)?.id()? as i64;
+        return Ok(CompileOptions {
+            device_assignment: Some(vec![vec![device_id]]),
+            ..Default::default()
+        });
+    };
+    let ids = spmd
+        .devices
+        .iter()
+        .map(|&d| Ok(client.device(d)?.id()? as i64))
+        .collect::<Result<Vec<i64>>>()?;
+    Ok(CompileOptions {
+        num_partitions: ids.len(),
+        use_spmd_partitioning: true,
+        device_assignment: Some(vec![ids]),
+        propagate_output_shardings: spmd.outputs.iter().map(Option::is_none).collect(),
+        ..Default::default()
+    })
 }
 
 /// Writes each program compiled or loaded (on a memory miss) to

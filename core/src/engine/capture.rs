@@ -224,14 +224,16 @@ fn bind(
         .sources
         .into_iter()
         .map(|source| match source {
-            Source::Buffer(buffer) => state
+            Source::Buffer(buffer) => Ok(state
                 .buffers
                 .iter()
                 .position(|b| b.as_ref().is_some_and(|b| Arc::ptr_eq(b, &buffer)))
-                .map_or(Binding::Fixed(buffer), Binding::Input),
-            Source::Host { bytes, dtype, dims } => Binding::Host { bytes, dtype, dims },
+                .map_or(Binding::Fixed(buffer), Binding::Input)),
+            Source::Host { bytes, dtype, dims } => Ok(Binding::Host { bytes, dtype, dims }),
+            // Refused before it ran (`deferred::run_graph`).
+            Source::Sharded(_) => Err("it read a sharded tensor".to_string()),
         })
-        .collect();
+        .collect::<std::result::Result<Vec<_>, String>>()?;
     let mut returned = vec![false; outputs.len()];
     let written = ran
         .written
@@ -392,9 +394,16 @@ impl CapturedGraph {
         // An earlier graph's failed check means these inputs may be wrong.
         checks::verify_checks()?;
         let mut input_buffers = Vec::with_capacity(inputs.len());
-        for input in inputs {
+        for (i, input) in inputs.iter().enumerate() {
             input_buffers.push(match input.storage.value()? {
                 StorageValue::Buffer { buffer, .. } => Some(buffer),
+                StorageValue::Sharded { .. } => {
+                    return Err(Error::invalid(
+                        format!("captured graph input {i}"),
+                        "a tensor on one device, as at capture",
+                        "a sharded tensor",
+                    ))
+                }
                 _ => None,
             });
         }

@@ -179,9 +179,15 @@ pub(crate) fn verify_checks() -> Result<()> {
                 continue;
             };
             // A storage written again since holds a later value: leave it.
-            let unchanged = matches!(storage.recorded_value(),
-                StorageValue::Buffer { buffer: current, .. }
-                    if std::ptr::eq(Arc::as_ptr(&current), buffer.as_ptr()));
+            let unchanged = match storage.recorded_value() {
+                StorageValue::Buffer {
+                    buffer: current, ..
+                } => std::ptr::eq(Arc::as_ptr(&current), buffer.as_ptr()),
+                StorageValue::Sharded { shards, .. } => {
+                    std::ptr::eq(Arc::as_ptr(&shards.buffers[0]), buffer.as_ptr())
+                }
+                _ => false,
+            };
             match on_failure {
                 _ if !unchanged => {}
                 OnFailure::Keep => {}

@@ -17,14 +17,14 @@ use super::checks::{keep_old_values_on_failure, verify_checks, watch_checks, OnF
 use super::failure::{find_culprit, graph_error};
 use super::location::{current_location, intern_location};
 use super::mode::{self, Mode};
-use super::{cache, host_input, work};
+use super::{cache, host_input, spmd, work};
 use crate::builder::{Builder, Output, ParamSource, PendingOutput};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ir::{Graph, Node, TensorType, ValueId};
 use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client, ExecuteOptions, LoadedExecutable};
-use crate::storage::{Storage, StorageValue, View};
+use crate::storage::{Shards, Storage, StorageValue, View};
 
 /// A pending graph past this many nodes is flushed where it stands, so a
 /// program that never reaches a sync point still runs in bounded pieces.
@@ -68,6 +68,8 @@ pub struct RecordedOp {
 #[derive(Clone)]
 pub(crate) enum Source {
     Buffer(Arc<Buffer>),
+    /// A sharded storage's buffers: the graph runs as an SPMD program.
+    Sharded(Arc<Shards>),
     Host {
         bytes: Vec<u8>,
         dtype: DType,
@@ -170,6 +172,9 @@ impl PendingGraph {
                     (Some(p), StorageValue::Buffer { buffer, .. }) => {
                         matches!(&self.sources[p], Source::Buffer(b) if Arc::ptr_eq(b, buffer))
                     }
+                    (Some(p), StorageValue::Sharded { shards, .. }) => {
+                        matches!(&self.sources[p], Source::Sharded(s) if Arc::ptr_eq(s, shards))
+                    }
                     _ => false,
                 };
             if fresh {
@@ -187,6 +192,12 @@ impl PendingGraph {
             StorageValue::Buffer { buffer, .. } => {
                 let read_as = format!("{}{:?}", view.dtype, view.sizes);
                 let (param, value) = self.add_param(ty.clone(), Source::Buffer(buffer), read_as);
+                first_reads.push((storage.clone(), param, value));
+                Ok(value)
+            }
+            StorageValue::Sharded { shards, .. } => {
+                let read_as = format!("{}{:?} sharded", view.dtype, view.sizes);
+                let (param, value) = self.add_param(ty.clone(), Source::Sharded(shards), read_as);
                 first_reads.push((storage.clone(), param, value));
                 Ok(value)
             }
@@ -566,7 +577,14 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
         .filter(|(_, &old)| {
             !capture
                 && read_then_written.contains(&old)
-                && matches!(&sources[old], Source::Buffer(b) if Arc::strong_count(b) == 1)
+                && match &sources[old] {
+                    Source::Buffer(b) => Arc::strong_count(b) == 1,
+                    Source::Sharded(s) => {
+                        Arc::strong_count(s) == 1
+                            && s.buffers.iter().all(|b| Arc::strong_count(b) == 1)
+                    }
+                    Source::Host { .. } => false,
+                }
         })
         .map(|(new, _)| new)
         .collect();
@@ -577,8 +595,8 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
     };
     // A failed check of an earlier graph means this one may read its
     // wrong values: that fails it first.
-    let result = verify_checks().and_then(|()| {
-        execute(
+    let result = verify_checks().and_then(|()| match spmd::mesh_of(&kept, &sources)? {
+        None => execute(
             &client,
             device_index,
             &pruned,
@@ -586,16 +604,53 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
             &sources,
             Some(&provenance),
         )
+        .map(|(exe, buffers)| {
+            let computed: Vec<Computed> = buffers.into_iter().map(Computed::Buffer).collect();
+            (exe, computed)
+        }),
+        Some(_) if capture => Err(Error::invalid(
+            "a graph captured by torch.compile(backend=\"tpu\")",
+            "tensors on one device",
+            "sharded tensors (run the step under rtpu.step() instead)",
+        )),
+        Some(mesh) => {
+            // A storage the graph overwrites keeps the layout it had.
+            let mut layouts: Vec<Option<Arc<Shards>>> = written
+                .iter()
+                .map(
+                    |(_, slot)| match (slot.param.map(|p| &sources[p]), &slot.before) {
+                        (Some(Source::Sharded(shards)), _) => Some(shards.clone()),
+                        (_, Some(StorageValue::Sharded { shards, .. })) => Some(shards.clone()),
+                        _ => None,
+                    },
+                )
+                .collect();
+            layouts.resize(pruned.outputs.len(), None);
+            let layouts = layouts;
+            spmd::execute(
+                &client,
+                &mesh,
+                &pruned,
+                &kept,
+                &sources,
+                &layouts,
+                Some(&provenance),
+            )
+            .map(|(exe, shards)| (exe, shards.into_iter().map(Computed::Sharded).collect()))
+        }
     });
     match result {
-        Ok((exe, mut buffers)) => {
-            let flags = buffers.split_off(written_count);
-            let mut latest = Vec::with_capacity(buffers.len());
-            for ((storage, _), buffer) in written.iter().zip(buffers) {
-                let dtype = buffer.dtype()?;
-                let buffer = Arc::new(buffer);
-                latest.push(Arc::downgrade(&buffer));
-                storage.set_recorded(StorageValue::Buffer { buffer, dtype });
+        Ok((exe, mut computed)) => {
+            let flags = computed
+                .split_off(written_count)
+                .into_iter()
+                .map(Computed::into_flag)
+                .collect::<Result<Vec<Buffer>>>()?;
+            let mut latest = Vec::with_capacity(computed.len());
+            for ((storage, _), value) in written.iter().zip(computed) {
+                let (value, watched) = value.into_value()?;
+                latest.push(Arc::downgrade(&watched));
+                storage.set_recorded(value);
             }
             let checks: Vec<((ErrorCode, String), usize)> = checks
                 .into_iter()
@@ -644,6 +699,15 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
                                 dtype,
                             })
                         }
+                        Source::Sharded(shards) => {
+                            shards.buffers[0]
+                                .dtype()
+                                .ok()
+                                .map(|dtype| StorageValue::Sharded {
+                                    shards: shards.clone(),
+                                    dtype,
+                                })
+                        }
                         Source::Host { .. } => None,
                     },
                     (None, Some(before)) if !matches!(before, StorageValue::Pending { .. }) => {
@@ -657,6 +721,56 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
                 }));
             }
             Err(error)
+        }
+    }
+}
+
+/// What a program computed for one output: a buffer on its device, or
+/// one per device of a mesh.
+enum Computed {
+    Buffer(Buffer),
+    Sharded(Shards),
+}
+
+impl Computed {
+    /// The storage value it makes, and the buffer device checks watch to
+    /// tell whether the storage was written again since.
+    fn into_value(self) -> Result<(StorageValue, Arc<Buffer>)> {
+        match self {
+            Computed::Buffer(buffer) => {
+                let dtype = buffer.dtype()?;
+                let buffer = Arc::new(buffer);
+                Ok((
+                    StorageValue::Buffer {
+                        buffer: buffer.clone(),
+                        dtype,
+                    },
+                    buffer,
+                ))
+            }
+            Computed::Sharded(shards) => {
+                let first = shards.buffers[0].clone();
+                let dtype = first.dtype()?;
+                let shards = Arc::new(shards);
+                Ok((StorageValue::Sharded { shards, dtype }, first))
+            }
+        }
+    }
+
+    /// A device-side check's flag (a scalar: any holder's copy).
+    fn into_flag(self) -> Result<Buffer> {
+        match self {
+            Computed::Buffer(buffer) => Ok(buffer),
+            Computed::Sharded(mut shards) => {
+                let holder = shards.sharding.tile_holders().next().unwrap_or(0);
+                Arc::try_unwrap(shards.buffers.swap_remove(holder)).map_err(|_| {
+                    Error::invalid(
+                        "a check flag of an SPMD program",
+                        "its own buffer",
+                        "a shared one",
+                    )
+                })
+            }
         }
     }
 }
@@ -677,6 +791,13 @@ pub(super) fn execute(
             Source::Buffer(buffer) => buffer.clone(),
             Source::Host { bytes, dtype, dims } => {
                 host_input(client, device_index, &device, bytes, *dtype, dims)?
+            }
+            Source::Sharded(_) => {
+                return Err(Error::invalid(
+                    "an input of a one-device program",
+                    "a tensor on that device",
+                    "a sharded tensor",
+                ))
             }
         });
     }

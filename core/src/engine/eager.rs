@@ -45,6 +45,7 @@ pub(super) fn read_elements(
         outputs: vec![nodes.len() - 1],
         nodes,
         donors: Vec::new(),
+        spmd: None,
     };
     let sources = [deferred::Source::Buffer(buffer.clone())];
     let (_, slices) = deferred::execute(client, device_index, &graph, &[0], &sources, None)?;
@@ -128,6 +129,16 @@ pub(super) fn run(mut b: Builder) -> Result<Vec<Output>> {
     check_sizes(&b, device_index)?;
     if b.mode != Mode::Eager {
         return deferred::record(b, device_index);
+    }
+    if b.sources
+        .iter()
+        .any(|s| matches!(s, ParamSource::Recorded { .. }))
+    {
+        // A sharded input: the op runs as its own SPMD program.
+        let client = b.client.clone();
+        let outputs = deferred::record(b, device_index)?;
+        deferred::flush_device(&client, device_index)?;
+        return Ok(outputs);
     }
     b.graph.outputs = graph_outputs;
     let exe = cache::executable(b.client, device_index, &b.graph, None)?;

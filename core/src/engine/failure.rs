@@ -37,6 +37,7 @@ pub(super) fn find_culprit(
             nodes: graph.nodes[..end].to_vec(),
             outputs: Vec::new(),
             donors: Vec::new(),
+            spmd: None,
         };
         let (prefix, kept) = prefix.prune(&outputs);
         execute(client, device_index, &prefix, &kept, sources, None).is_err()
@@ -135,6 +136,7 @@ mod tests {
             nodes,
             outputs: vec![3],
             donors: Vec::new(),
+            spmd: None,
         };
         (graph, vec![2, 3, 4])
     }

@@ -11,6 +11,7 @@ mod eager;
 mod failure;
 pub mod location;
 pub mod mode;
+mod spmd;
 pub mod work;
 
 use std::ops::Range;

@@ -20,6 +20,9 @@ pub struct CompileOptions {
     /// `device_assignment[replica][partition]` is a device id; `None` lets the
     /// plugin choose its default assignment.
     pub device_assignment: Option<Vec<Vec<i64>>>,
+    /// Per output of an SPMD program: may XLA choose its sharding (read
+    /// back with `LoadedExecutable::output_shardings`)? Empty: no output.
+    pub propagate_output_shardings: Vec<bool>,
 }
 
 impl Default for CompileOptions {
@@ -29,6 +32,7 @@ impl Default for CompileOptions {
             num_partitions: 1,
             use_spmd_partitioning: false,
             device_assignment: None,
+            propagate_output_shardings: Vec::new(),
         }
     }
 }
@@ -58,6 +62,7 @@ impl CompileOptions {
             num_partitions: self.num_partitions as i64,
             use_spmd_partitioning: self.use_spmd_partitioning,
             device_assignment,
+            allow_spmd_sharding_propagation_to_output: self.propagate_output_shardings.clone(),
             ..Default::default()
         };
         let options = CompileOptionsProto {

@@ -5,7 +5,7 @@ use std::ffi::c_char;
 use std::fmt;
 use std::sync::Arc;
 
-use pjrt_sys::protos::xla::{HloModuleProto, PrimitiveType, ShapeProto};
+use pjrt_sys::protos::xla::{op_sharding, HloModuleProto, OpSharding, PrimitiveType, ShapeProto};
 use prost::Message;
 
 use crate::runtime::sys::{
@@ -18,6 +18,7 @@ use super::compile::CompileOptions;
 use super::event::Event;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::sharding::Sharding;
 
 /// A compiled program loaded on its devices. Holds its client alive.
 pub struct LoadedExecutable {
@@ -29,6 +30,21 @@ pub struct LoadedExecutable {
     /// plugin cannot return it (execution then relies on the plugin's checks,
     /// which on the CPU plugin only compare byte sizes).
     parameters: Option<Vec<ParameterType>>,
+    /// How an SPMD program lays out each output over its partitions, as
+    /// XLA chose or was told; `None` for other programs or when the plugin
+    /// does not say.
+    output_shardings: Option<Vec<Sharding>>,
+    /// The collectives of the optimised program (what an SPMD partitioner
+    /// inserted), when the plugin returns it.
+    collectives: Option<Collectives>,
+}
+
+/// The collective operations of one device's program.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Collectives {
+    pub count: usize,
+    /// The bytes of their results: what one run moves into this device.
+    pub result_bytes: u64,
 }
 
 /// The type of one program parameter as each device receives it (a shard, for
@@ -81,10 +97,81 @@ impl Drop for ExecutableView<'_> {
     }
 }
 
+/// What the optimised program says of its entry.
+#[derive(Default)]
+struct Signature {
+    parameters: Option<Vec<ParameterType>>,
+    output_shardings: Option<Vec<Sharding>>,
+    collectives: Option<Collectives>,
+}
+
+/// HLO opcodes that move data between partitions or replicas.
+const COLLECTIVE_OPCODES: &[&str] = &[
+    "all-reduce",
+    "all-reduce-start",
+    "all-gather",
+    "all-gather-start",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "collective-permute-start",
+    "collective-broadcast",
+];
+
 impl ExecutableView<'_> {
     /// Reads the entry signature from the optimised HLO module. Any failure
-    /// (an older plugin, a format other than HLO) yields `None`.
-    fn parameter_types(&self) -> Option<Vec<ParameterType>> {
+    /// (an older plugin, a format other than HLO) leaves it unknown.
+    fn signature(&self, partitions: usize) -> Signature {
+        let Some(module) = self.optimized_module() else {
+            return Signature::default();
+        };
+        let output_ranks: Option<Vec<usize>> = module
+            .host_program_shape
+            .as_ref()
+            .and_then(|shape| shape.result.as_ref())
+            .map(|result| match result.tuple_shapes.is_empty() {
+                true => vec![result.dimensions.len()],
+                false => result
+                    .tuple_shapes
+                    .iter()
+                    .map(|t| t.dimensions.len())
+                    .collect(),
+            });
+        let output_shardings = module
+            .spmd_output_sharding
+            .as_ref()
+            .zip(output_ranks)
+            .and_then(|(sharding, ranks)| {
+                let each: Vec<&OpSharding> = match sharding.r#type() {
+                    op_sharding::Type::Tuple => sharding.tuple_shardings.iter().collect(),
+                    _ => vec![sharding; ranks.len()],
+                };
+                (each.len() == ranks.len()).then_some(())?;
+                each.iter()
+                    .zip(ranks)
+                    .map(|(s, rank)| sharding_from_proto(s, rank, partitions))
+                    .collect()
+            });
+        let collectives = module
+            .computations
+            .iter()
+            .flat_map(|c| &c.instructions)
+            .filter(|i| COLLECTIVE_OPCODES.contains(&i.opcode.as_str()))
+            .fold(Collectives::default(), |sum, i| Collectives {
+                count: sum.count + 1,
+                result_bytes: sum.result_bytes + i.shape.as_ref().map_or(0, shape_bytes),
+            });
+        let parameters = module
+            .host_program_shape
+            .and_then(|shape| shape.parameters.iter().map(parameter_type).collect());
+        Signature {
+            parameters,
+            output_shardings,
+            collectives: Some(collectives),
+        }
+    }
+
+    fn optimized_module(&self) -> Option<HloModuleProto> {
         let plugin = self.owner.client.plugin;
         let format = "hlo";
         let mut program = sys::PJRT_Program::new();
@@ -102,18 +189,83 @@ impl ExecutableView<'_> {
         unsafe { pjrt_call!(plugin, PJRT_Executable_OptimizedProgram, &mut args) }.ok()?;
         let code = &code[..program.code_size.min(code.len())];
         // SAFETY: PJRT set `format` to a string it owns for the executable's lifetime.
-        let module = match unsafe { owned_string(program.format, program.format_size) }.as_str() {
-            "hlo" => HloModuleProto::decode(code).ok()?,
-            "hlo_with_config" => HloModuleWithConfig::decode(code).ok()?.hlo_module?,
-            _ => return None,
-        };
-        module
-            .host_program_shape?
-            .parameters
-            .iter()
-            .map(parameter_type)
-            .collect()
+        match unsafe { owned_string(program.format, program.format_size) }.as_str() {
+            "hlo" => HloModuleProto::decode(code).ok(),
+            "hlo_with_config" => HloModuleWithConfig::decode(code).ok()?.hlo_module,
+            _ => None,
+        }
     }
+}
+
+/// XLA's sharding of a rank-`rank` output over `partitions`, as a
+/// `Sharding`; None for one the engine cannot hold (manual, or partial
+/// tiles of other kinds).
+fn sharding_from_proto(proto: &OpSharding, rank: usize, partitions: usize) -> Option<Sharding> {
+    let tile_devices = || -> Option<Vec<usize>> {
+        if proto.iota_reshape_dims.is_empty() {
+            return proto
+                .tile_assignment_devices
+                .iter()
+                .map(|&d| usize::try_from(d).ok())
+                .collect();
+        }
+        Some(iota_devices(
+            &proto.iota_reshape_dims,
+            &proto.iota_transpose_perm,
+        ))
+    };
+    match proto.r#type() {
+        op_sharding::Type::Replicated => Some(Sharding::replicated(rank, partitions)),
+        op_sharding::Type::Maximal => Some(Sharding {
+            tiles: vec![1; rank],
+            replicas: 1,
+            partitions: vec![usize::try_from(*proto.tile_assignment_devices.first()?).ok()?],
+        }),
+        op_sharding::Type::Other => {
+            let dims = &proto.tile_assignment_dimensions;
+            let copy_dims = if proto.replicate_on_last_tile_dim {
+                1
+            } else {
+                let kinds = &proto.last_tile_dims;
+                kinds
+                    .iter()
+                    .all(|&k| k == op_sharding::Type::Replicated as i32)
+                    .then_some(kinds.len())?
+            };
+            (dims.len() == rank + copy_dims).then_some(())?;
+            Some(Sharding {
+                tiles: dims[..rank].to_vec(),
+                replicas: dims[rank..].iter().product(),
+                partitions: tile_devices()?,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The devices of XLA's iota tile assignment: `0..n` reshaped to
+/// `reshape`, transposed by `perm`, read row-major.
+fn iota_devices(reshape: &[i64], perm: &[i32]) -> Vec<usize> {
+    let n: i64 = reshape.iter().product();
+    let perm: Vec<usize> = match perm.len() == reshape.len() {
+        true => perm.iter().map(|&p| p as usize).collect(),
+        false => (0..reshape.len()).collect(),
+    };
+    let transposed: Vec<i64> = perm.iter().map(|&p| reshape[p]).collect();
+    (0..n)
+        .map(|flat| {
+            let mut rest = flat;
+            let mut original = vec![0i64; reshape.len()];
+            for d in (0..transposed.len()).rev() {
+                original[perm[d]] = rest % transposed[d];
+                rest /= transposed[d];
+            }
+            original
+                .iter()
+                .zip(reshape)
+                .fold(0i64, |acc, (&i, &size)| acc * size + i) as usize
+        })
+        .collect()
 }
 
 /// XLA's `HloModuleProtoWithConfig` (newer than pjrt-sys's protos), of which
@@ -125,7 +277,28 @@ struct HloModuleWithConfig {
 }
 
 fn parameter_type(shape: &ShapeProto) -> Option<ParameterType> {
-    let dtype = match PrimitiveType::try_from(shape.element_type).ok()? {
+    Some(ParameterType {
+        dtype: element_dtype(shape.element_type)?,
+        dims: shape.dimensions.clone(),
+    })
+}
+
+/// The bytes of a value of `shape` (a tuple: of its elements).
+fn shape_bytes(shape: &ShapeProto) -> u64 {
+    if !shape.tuple_shapes.is_empty() {
+        return shape.tuple_shapes.iter().map(shape_bytes).sum();
+    }
+    let size = element_dtype(shape.element_type).map_or(0, |d| d.size_in_bytes() as u64);
+    shape
+        .dimensions
+        .iter()
+        .map(|&d| d.max(0) as u64)
+        .product::<u64>()
+        * size
+}
+
+fn element_dtype(element_type: i32) -> Option<DType> {
+    Some(match PrimitiveType::try_from(element_type).ok()? {
         PrimitiveType::Pred => DType::Bool,
         PrimitiveType::S8 => DType::I8,
         PrimitiveType::S16 => DType::I16,
@@ -142,10 +315,6 @@ fn parameter_type(shape: &ShapeProto) -> Option<ParameterType> {
         PrimitiveType::C64 => DType::C64,
         PrimitiveType::C128 => DType::C128,
         _ => return None,
-    };
-    Some(ParameterType {
-        dtype,
-        dims: shape.dimensions.clone(),
     })
 }
 
@@ -220,6 +389,8 @@ impl LoadedExecutable {
             devices: Vec::new(),
             num_outputs: 0,
             parameters: None,
+            output_shardings: None,
+            collectives: None,
         };
         let mut args = sys::PJRT_LoadedExecutable_AddressableDevices_Args::new();
         args.executable = exe.raw;
@@ -250,9 +421,11 @@ impl LoadedExecutable {
         out_args.executable = view.raw;
         // SAFETY: live executable view.
         unsafe { pjrt_call!(exe.client.plugin, PJRT_Executable_NumOutputs, &mut out_args) }?;
-        let parameters = view.parameter_types();
+        let signature = view.signature(exe.devices.len());
         drop(view);
-        exe.parameters = parameters;
+        exe.parameters = signature.parameters;
+        exe.output_shardings = signature.output_shardings;
+        exe.collectives = signature.collectives;
         exe.num_outputs = out_args.num_outputs;
         Ok(exe)
     }
@@ -260,6 +433,16 @@ impl LoadedExecutable {
     /// The parameter types each device's arguments must have, when known.
     pub fn parameters(&self) -> Option<&[ParameterType]> {
         self.parameters.as_deref()
+    }
+
+    /// How an SPMD program lays out each output over its partitions.
+    pub fn output_shardings(&self) -> Option<&[Sharding]> {
+        self.output_shardings.as_deref()
+    }
+
+    /// The collectives of the optimised program, when known.
+    pub fn collectives(&self) -> Option<Collectives> {
+        self.collectives
     }
 
     fn view(&self) -> Result<ExecutableView<'_>> {

@@ -32,7 +32,7 @@ pub use buffer::Buffer;
 pub use client::{Client, CreateOption, Device, MemoryStats};
 pub use compile::CompileOptions;
 pub(crate) use event::Event;
-pub use executable::{ExecuteOptions, LoadedExecutable, ParameterType};
+pub use executable::{Collectives, ExecuteOptions, LoadedExecutable, ParameterType};
 pub use key_value::KeyValueStore;
 pub use plugin::{
     load, resolve_plugin_path, Plugin, PLUGIN_ENV, PLUGIN_INSTALL_HINT, RTPU_PJRT_API_VERSION,

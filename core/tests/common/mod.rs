@@ -6,7 +6,10 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use rtpu_core::engine::TensorArg;
 use rtpu_core::runtime::{self, Client, CreateOption};
+use rtpu_core::storage::{Storage, View};
+use rtpu_core::DType;
 
 /// Devices the CPU client is created with, so collective and SPMD tests have
 /// several devices.
@@ -146,6 +149,18 @@ impl Rng {
 
 pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_ne_bytes()).collect()
+}
+
+/// A contiguous float32 tensor of `sizes` on device 0 of the CPU client.
+pub fn f32_tensor(values: &[f32], sizes: &[i64]) -> TensorArg {
+    let storage = Storage::new(cpu_client(), 0, values.len() * 4).unwrap();
+    storage
+        .write_host_bytes(&f32_bytes(values), DType::F32)
+        .unwrap();
+    TensorArg {
+        storage,
+        view: View::contiguous(sizes, DType::F32),
+    }
 }
 
 pub fn f32s_from(bytes: &[u8]) -> Vec<f32> {

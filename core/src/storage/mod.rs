@@ -1,5 +1,6 @@
 //! Device storages: PyTorch's untyped, byte-sized storage, held as one flat
-//! PJRT buffer, and strided views into it.
+//! PJRT buffer (or, sharded, as one buffer per device of a mesh: `shards`),
+//! and strided views into it.
 //!
 //! A storage's value is typed from its first write (dtype + element count);
 //! before that it reads as zeros. Views are `(offset, sizes, strides, dtype)`
@@ -13,6 +14,10 @@ use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
 use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client, Device};
+use crate::sharding::Sharding;
+
+mod shards;
+pub use shards::Shards;
 
 /// What storages need from the engine, which records pending values into
 /// them, captures graphs and checks indices on the device. Storage sits
@@ -59,6 +64,7 @@ enum HostValue {
     /// The bytes last written from the host, kept for small storages.
     Copy(Arc<Vec<u8>>),
     Buffer(Arc<Buffer>, DType),
+    Sharded(Arc<Shards>, DType),
     /// Never written.
     Zeros,
 }
@@ -70,6 +76,8 @@ pub enum StorageValue {
     Zeros,
     /// A flat (1-D) buffer of `nbytes / dtype.size_in_bytes()` elements.
     Buffer { buffer: Arc<Buffer>, dtype: DType },
+    /// A value of `dtype` split over the devices of a mesh (SPMD).
+    Sharded { shards: Arc<Shards>, dtype: DType },
     /// A flat value of `dtype` that the device's pending graph computes
     /// (deferred mode); reading it flushes that graph.
     Pending { dtype: DType },
@@ -516,6 +524,7 @@ impl Storage {
         };
         Ok(match value {
             StorageValue::Buffer { buffer, dtype } => HostValue::Buffer(buffer, dtype),
+            StorageValue::Sharded { shards, dtype } => HostValue::Sharded(shards, dtype),
             _ => HostValue::Zeros,
         })
     }
@@ -558,22 +567,47 @@ impl Storage {
                 metrics::add_elapsed(Metric::WaitNs, start);
                 bytes
             }
+            HostValue::Sharded(shards, dtype) => {
+                let start = std::time::Instant::now();
+                let all = shards.to_host(dtype);
+                metrics::add_elapsed(Metric::WaitNs, start);
+                Ok(all?[wanted].to_vec())
+            }
             HostValue::Zeros => Ok(vec![0u8; wanted.len()]),
         }
     }
 
-    /// Replaces all bytes of the storage, typing its value as `dtype`.
+    /// Replaces all bytes of the storage, typing its value as `dtype`. A
+    /// sharded storage stays sharded as it was (a checkpoint loaded into a
+    /// sharded model keeps its layout).
     pub fn write_host_bytes(&self, bytes: &[u8], dtype: DType) -> Result<()> {
         let elements = self.elements(dtype)?;
         if bytes.len() != self.nbytes() {
             return Err(Error::invalid("storage bytes", self.nbytes(), bytes.len()));
         }
-        metrics::add(Metric::HostToDeviceBytes, bytes.len() as u64);
         // A pending value would be installed over these bytes when its
         // graph runs: run it first (a failed value is simply replaced).
         if matches!(self.recorded_value(), StorageValue::Pending { .. }) {
             flush_device(&self.client, self.device_index)?;
         }
+        if let StorageValue::Sharded { shards, .. } = self.recorded_value() {
+            if shards.dims.iter().product::<i64>() == elements as i64 {
+                let shards = Shards::upload(
+                    &self.client,
+                    &shards.devices,
+                    &shards.dims,
+                    shards.sharding.clone(),
+                    bytes,
+                    dtype,
+                )?;
+                self.set_recorded(StorageValue::Sharded {
+                    shards: Arc::new(shards),
+                    dtype,
+                });
+                return Ok(());
+            }
+        }
+        metrics::add(Metric::HostToDeviceBytes, bytes.len() as u64);
         let buffer =
             self.client
                 .buffer_from_host(bytes, dtype, &[elements as i64], &self.device)?;
@@ -630,6 +664,7 @@ impl Storage {
                 metrics::add_elapsed(Metric::WaitNs, start);
                 copied?
             }
+            HostValue::Sharded(shards, dtype) => dst.copy_from_slice(&shards.to_host(dtype)?),
             HostValue::Zeros => dst.fill(0),
         }
         Ok(())
@@ -674,9 +709,16 @@ impl Storage {
             || "a resized storage".to_string(),
             Some(nbytes as u64),
         )?;
-        match self.value()? {
-            StorageValue::Buffer { buffer, dtype } => {
-                let mut bytes = buffer.to_host()?;
+        let old = match self.value()? {
+            StorageValue::Buffer { buffer, dtype } => Some((buffer.to_host()?, dtype)),
+            StorageValue::Sharded { shards, dtype } => Some((shards.to_host(dtype)?, dtype)),
+            _ => None,
+        };
+        match old {
+            Some((mut bytes, dtype)) => {
+                // Resized, a sharded storage is one buffer again: its old
+                // layout does not cut the new size.
+                self.set_recorded(StorageValue::Zeros);
                 bytes.resize(nbytes, 0);
                 self.state().nbytes = nbytes;
                 if nbytes % dtype.size_in_bytes() == 0 {
@@ -685,10 +727,52 @@ impl Storage {
                     self.write_host_bytes(&bytes, DType::U8)
                 }
             }
-            _ => {
+            None => {
                 self.state().nbytes = nbytes;
                 Ok(())
             }
         }
+    }
+
+    /// Splits the storage's value, read as a `dtype` value of `dims`, over
+    /// the mesh `devices` as `sharding` lays it out.
+    pub fn shard(
+        &self,
+        dtype: DType,
+        devices: &[usize],
+        dims: &[i64],
+        sharding: Sharding,
+    ) -> Result<()> {
+        let elements = self.elements(dtype)?;
+        if dims.iter().product::<i64>() != elements as i64 {
+            return Err(Error::invalid(
+                format!("sharding a storage of {elements} {dtype} elements"),
+                format!("dims of {elements} elements"),
+                format!("{dims:?}"),
+            ));
+        }
+        if let Some(&p) = sharding.partitions.iter().find(|&&p| p >= devices.len()) {
+            return Err(Error::invalid(
+                "a sharding's partition",
+                format!("one of the mesh's {} devices", devices.len()),
+                p,
+            ));
+        }
+        let bytes = self.to_host_bytes()?;
+        let shards = Shards::upload(&self.client, devices, dims, sharding, &bytes, dtype)?;
+        self.set_recorded(StorageValue::Sharded {
+            shards: Arc::new(shards),
+            dtype,
+        });
+        Ok(())
+    }
+
+    /// The shards of a sharded storage (its pending value computed first);
+    /// None for a storage held on one device.
+    pub fn shards(&self) -> Result<Option<Arc<Shards>>> {
+        Ok(match self.value()? {
+            StorageValue::Sharded { shards, .. } => Some(shards),
+            _ => None,
+        })
     }
 }

@@ -1,0 +1,260 @@
+//! SPMD programs: a pending graph that reads a sharded storage runs as one
+//! program partitioned over the devices of its mesh. Sharded inputs keep
+//! their layouts, every other input is replicated, storages the graph
+//! overwrites keep theirs, and XLA chooses (and says) the layout of every
+//! other output, so a step's new values stay split as XLA computed them.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::deferred::Source;
+use super::{cache, host_input, work};
+use crate::error::{Error, Result};
+use crate::ir::{Graph, Node, Spmd, TensorType, ValueId};
+use crate::metrics::{self, Metric};
+use crate::runtime::{Buffer, Client, ExecuteOptions, LoadedExecutable};
+use crate::sharding::Sharding;
+use crate::storage::Shards;
+
+/// The mesh devices of the sharded sources among `kept`, or None when no
+/// source is sharded. Two meshes in one program are an error.
+pub(super) fn mesh_of(kept: &[usize], sources: &[Source]) -> Result<Option<Vec<usize>>> {
+    let mut mesh: Option<&Vec<usize>> = None;
+    for &p in kept {
+        if let Source::Sharded(shards) = &sources[p] {
+            match mesh {
+                Some(devices) if *devices != shards.devices => {
+                    return Err(Error::invalid(
+                        "the sharded tensors of one program",
+                        format!("one mesh (devices {devices:?})"),
+                        format!("another mesh (devices {:?})", shards.devices),
+                    ))
+                }
+                _ => mesh = Some(&shards.devices),
+            }
+        }
+    }
+    Ok(mesh.cloned())
+}
+
+/// Runs `graph` (pruned; parameter `i` read from `sources[kept[i]]`) over
+/// the `mesh` devices. `layouts[o]` is the value output `o` overwrites when
+/// that value was sharded: the output keeps its layout. Returns each
+/// output's shards.
+pub(super) fn execute(
+    client: &Client,
+    mesh: &[usize],
+    graph: &Graph,
+    kept: &[usize],
+    sources: &[Source],
+    layouts: &[Option<Arc<Shards>>],
+    provenance: Option<&cache::Provenance<'_>>,
+) -> Result<(Arc<LoadedExecutable>, Vec<Shards>)> {
+    let (program, output_dims) = partitioned(graph, mesh, kept, sources, layouts);
+    let exe = cache::executable(client, mesh[0], &program, provenance)?;
+    let shardings = exe.output_shardings().ok_or_else(|| {
+        Error::invalid(
+            "an SPMD program",
+            "the layout of its outputs from the plugin",
+            "a plugin that does not say",
+        )
+    })?;
+    // The executable's devices in the order it takes arguments, and the
+    // partition each runs.
+    let ids = mesh
+        .iter()
+        .map(|&d| client.device(d)?.id())
+        .collect::<Result<Vec<i32>>>()?;
+    let partition_of = exe
+        .devices()
+        .iter()
+        .map(|device| {
+            let id = device.id()?;
+            ids.iter()
+                .position(|&i| i == id)
+                .ok_or_else(|| Error::invalid("an SPMD program's devices", format!("{ids:?}"), id))
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    let mut rows = Vec::with_capacity(mesh.len());
+    for &partition in &partition_of {
+        rows.push(arguments(
+            client,
+            mesh[partition],
+            partition,
+            kept,
+            sources,
+        )?);
+    }
+    let rows: Vec<Vec<&Buffer>> = rows
+        .iter()
+        .map(|row| row.iter().map(Arc::as_ref).collect())
+        .collect();
+    let rows: Vec<&[&Buffer]> = rows.iter().map(Vec::as_slice).collect();
+    let start = Instant::now();
+    let results = exe.execute(
+        &rows,
+        &ExecuteOptions {
+            donate: program.donors.clone(),
+            asynchronous: true,
+        },
+    );
+    metrics::add_elapsed(Metric::ExecuteNs, start);
+    metrics::add(Metric::GraphExecutions, 1);
+    metrics::add(Metric::SpmdExecutions, 1);
+    let moved = exe.collectives().map_or(0, |c| c.result_bytes);
+    metrics::add(Metric::SpmdCollectiveBytes, moved);
+    metrics::add(
+        Metric::BuffersDonated,
+        (program.donors.len() * mesh.len()) as u64,
+    );
+    let results = results?;
+    let mut by_partition: Vec<Vec<Option<Buffer>>> = (0..mesh.len()).map(|_| Vec::new()).collect();
+    for (device_results, &partition) in results.into_iter().zip(&partition_of) {
+        if let Some(first) = device_results.first() {
+            work::launched(client, mesh[partition], first)?;
+        }
+        by_partition[partition] = device_results.into_iter().map(Some).collect();
+    }
+    let count = output_dims.len();
+    let mut outputs = Vec::with_capacity(count);
+    for (o, dims) in output_dims.into_iter().enumerate() {
+        let buffers = by_partition
+            .iter_mut()
+            .map(|row| row.get_mut(o).and_then(Option::take).map(Arc::new))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                Error::invalid("outputs of an SPMD program", "one per device", "fewer")
+            })?;
+        let sharding = shardings
+            .get(o)
+            .cloned()
+            .ok_or_else(|| Error::invalid("output layouts of an SPMD program", count, o))?;
+        outputs.push(Shards {
+            devices: mesh.to_vec(),
+            dims,
+            sharding,
+            buffers,
+        });
+    }
+    Ok((exe, outputs))
+}
+
+/// The SPMD program of `graph`: a sharded parameter is read with its
+/// shards' dims (then made flat, as the graph reads storages), an output
+/// that keeps a layout is given its dims and sharding. Also returns each
+/// output's dims.
+fn partitioned(
+    graph: &Graph,
+    mesh: &[usize],
+    kept: &[usize],
+    sources: &[Source],
+    layouts: &[Option<Arc<Shards>>],
+) -> (Graph, Vec<Vec<i64>>) {
+    let mut program = Graph {
+        params: Vec::with_capacity(graph.params.len()),
+        nodes: Vec::with_capacity(graph.nodes.len() + 8),
+        outputs: Vec::new(),
+        donors: graph.donors.clone(),
+        spmd: None,
+    };
+    let push = |program: &mut Graph, node: Node, ty: TensorType| -> ValueId {
+        program.nodes.push((node, ty));
+        program.nodes.len() - 1
+    };
+    let mut param_shardings = Vec::with_capacity(graph.params.len());
+    for (i, flat) in graph.params.iter().enumerate() {
+        match &sources[kept[i]] {
+            Source::Sharded(shards) => {
+                program
+                    .params
+                    .push(TensorType::new(flat.dtype, &shards.dims));
+                param_shardings.push(shards.sharding.clone());
+            }
+            _ => {
+                program.params.push(flat.clone());
+                param_shardings.push(Sharding::replicated(flat.rank(), mesh.len()));
+            }
+        }
+    }
+    let mut remap = Vec::with_capacity(graph.nodes.len());
+    for (node, ty) in &graph.nodes {
+        let id = match *node {
+            Node::Param(i) => {
+                let param_ty = program.params[i].clone();
+                let read = push(&mut program, Node::Param(i), param_ty);
+                match program.params[i].dims == ty.dims {
+                    true => read,
+                    false => push(&mut program, Node::Reshape(read), ty.clone()),
+                }
+            }
+            _ => {
+                let mut node = node.clone();
+                node.for_each_operand_mut(|v| *v = remap[*v]);
+                push(&mut program, node, ty.clone())
+            }
+        };
+        remap.push(id);
+    }
+    let mut output_shardings = Vec::with_capacity(graph.outputs.len());
+    let mut output_dims = Vec::with_capacity(graph.outputs.len());
+    for (o, &value) in graph.outputs.iter().enumerate() {
+        let value = remap[value];
+        let ty = program.nodes[value].1.clone();
+        let kept_layout = layouts.get(o).and_then(Option::as_ref).filter(|shards| {
+            shards.dims.iter().product::<i64>() == ty.numel()
+                && shards.sharding.check_dims(&shards.dims).is_ok()
+        });
+        match kept_layout {
+            Some(shards) => {
+                let out = match shards.dims == ty.dims {
+                    true => value,
+                    false => push(
+                        &mut program,
+                        Node::Reshape(value),
+                        TensorType::new(ty.dtype, &shards.dims),
+                    ),
+                };
+                program.outputs.push(out);
+                output_shardings.push(Some(shards.sharding.clone()));
+                output_dims.push(shards.dims.clone());
+            }
+            None => {
+                program.outputs.push(value);
+                output_shardings.push(None);
+                output_dims.push(ty.dims);
+            }
+        }
+    }
+    program.spmd = Some(Spmd {
+        devices: mesh.to_vec(),
+        params: param_shardings,
+        outputs: output_shardings,
+    });
+    (program, output_dims)
+}
+
+/// Partition `partition`'s arguments on `device_index`: its shard of each
+/// sharded source, a copy of every other.
+fn arguments(
+    client: &Client,
+    device_index: usize,
+    partition: usize,
+    kept: &[usize],
+    sources: &[Source],
+) -> Result<Vec<Arc<Buffer>>> {
+    let device = client.device(device_index)?;
+    let device_id = device.id()?;
+    kept.iter()
+        .map(|&p| match &sources[p] {
+            Source::Sharded(shards) => Ok(shards.buffers[partition].clone()),
+            Source::Buffer(buffer) if buffer.device()?.id()? == device_id => Ok(buffer.clone()),
+            Source::Buffer(buffer) => {
+                metrics::add(Metric::SpmdReplicatedBytes, buffer.on_device_size()? as u64);
+                Ok(Arc::new(buffer.copy_to_device(&device)?))
+            }
+            Source::Host { bytes, dtype, dims } => {
+                host_input(client, device_index, &device, bytes, *dtype, dims)
+            }
+        })
+        .collect()
+}
