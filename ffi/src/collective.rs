@@ -501,6 +501,10 @@ unsafe fn dense_tensor(input: &rtpu_tensor_ref) -> Result<Tensor, FfiError> {
             "args.input is read as {} but its storage holds {dtype}",
             view.dtype
         ))),
+        StorageValue::Sharded { .. } => Err(FfiError::invalid(
+            "args.input is split over a mesh (SPMD); collectives take tensors on one device"
+                .to_string(),
+        )),
         _ => Err(FfiError::invalid(
             "args.input's storage was never written".to_string(),
         )),

@@ -25,7 +25,6 @@ from typing import Any, Callable, Optional
 import torch
 
 from rtpu import _buckets
-from rtpu._sharding import get_sharding
 
 _TPU = "tpu"
 # Marks an output position the replay fills with a tensor.
@@ -169,10 +168,6 @@ class Program:
         off_device = [i for i, t in enumerate(tensors) if t.device.type != _TPU]
         if off_device:
             self._warn(f"inputs {off_device} are not on tpu (their values would be baked in)")
-            return run(*args), (None, None)
-        sharded = [i for i, t in enumerate(tensors) if get_sharding(t) is not None]
-        if sharded:
-            self._warn(f"inputs {sharded} are sharded (each op runs as its own SPMD program; rtpu.step() compiles the step as one)")
             return run(*args), (None, None)
         fallbacks_before = torch.ops.rtpu.fallback_counts()
         torch.ops.rtpu.capture_begin(tensors)

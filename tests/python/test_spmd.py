@@ -8,9 +8,11 @@ import math
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import rtpu
 from rtpu.distributed import Mesh, distribute_tensor, get_sharding, mark_sharding
@@ -73,10 +75,10 @@ def test_eager_ops_on_sharded_tensors_run_partitioned_and_match_cpu():
     assert get_sharding(y) is not None  # the result stays on the mesh
 
 
-def train_gpt(seed, layout=None, steps=6):
-    """Losses of the small GPT trained in step mode with AdamW, and the model."""
+def train_gpt(seed, layout=None, steps=6, step_mode=True):
+    """Losses of the small GPT trained with AdamW, and the model."""
     adamw = lambda ps: torch.optim.AdamW(ps, lr=3e-3)  # noqa: E731
-    return train(DEVICE, small_gpt, adamw, token_batches(seed), steps, seed, True, layout)
+    return train(DEVICE, small_gpt, adamw, token_batches(seed), steps, seed, step_mode, layout)
 
 
 class Layout:
@@ -93,8 +95,8 @@ class Layout:
                 mark_sharding(p, self.mesh, spec)
 
     def batch(self, x, y):
-        mark_sharding(x, self.mesh, ("data", None))
-        mark_sharding(y, self.mesh, ("data", None))
+        mark_sharding(x, self.mesh, ("data",))
+        mark_sharding(y, self.mesh, ("data",))
 
 
 def data_parallel(mesh):
@@ -213,6 +215,16 @@ def test_a_one_process_device_mesh_takes_dtensor_placements():
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
 
+def test_the_gpt_trains_eagerly_on_sharded_tensors_with_one_devices_losses():
+    # Each op its own SPMD program: the script with mark_sharding lines and
+    # no rtpu.step() trains the same network.
+    seed = torch.seed() % 2**31
+    print(f"seed {seed}")  # shown on failure, to replay it
+    expected, _ = train_gpt(seed, steps=3, step_mode=False)
+    losses, _ = train_gpt(seed, data_and_model(Mesh((2, 2), ("data", "model"))), steps=3, step_mode=False)
+    torch.testing.assert_close(losses, expected, rtol=LOSS_RTOL, atol=0)
+
+
 def test_a_sharded_models_state_dict_saves_gathered_and_loads_back_sharded():
     mesh = Mesh((4,), ("data",))
     seed = torch.seed() % 2**31
@@ -272,12 +284,40 @@ def test_bad_meshes_and_views_are_clear_errors():
         mark_sharding(torch.randn(8), mesh, ("data",))
 
 
-def test_torch_compile_over_sharded_inputs_runs_op_by_op_partitioned_with_a_warning():
+def test_torch_compile_over_sharded_inputs_runs_each_graph_as_one_spmd_program():
     mesh = Mesh((4,), ("data",))
-    x = torch.randn(8, 4)
-    t = x.to(DEVICE)
-    mark_sharding(t, mesh, ("data", None))
-    f = torch.compile(lambda a: (a * 2).sum(dim=0), backend="tpu")
-    with pytest.warns(UserWarning, match="sharded"):
-        y = f(t)
-    assert_matches_cpu(y, (x * 2).sum(dim=0))
+    seed = torch.seed() % 2**31
+    print(f"seed {seed}")  # shown on failure, to replay it
+
+    def run(layout):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).to(DEVICE)
+        if layout is not None:
+            layout.model(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss_of = torch.compile(lambda x, y: F.cross_entropy(model(x), y), backend="tpu")
+        g = torch.Generator().manual_seed(seed)
+        losses = []
+        for _ in range(4):
+            x, y = torch.randn(8, 16, generator=g).to(DEVICE), torch.randint(0, 4, (8,), generator=g).to(DEVICE)
+            if layout is not None:
+                layout.batch(x, y)
+            optimizer.zero_grad()
+            before = rtpu.metrics()
+            loss = loss_of(x, y)
+            forward.append({k: rtpu.metrics()[k] - before[k] for k in ("ops_recorded", "spmd_executions")})
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+    forward = []
+    expected = run(None)
+    forward.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "runs op by op" fallback
+        losses = run(fsdp(mesh))
+    torch.testing.assert_close(losses, expected, rtol=LOSS_RTOL, atol=0)
+    # Once captured, each call of the compiled forward is one graph,
+    # recorded whole and run as one SPMD program.
+    assert forward[-1] == {"ops_recorded": 1, "spmd_executions": 1}, forward

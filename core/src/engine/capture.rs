@@ -59,7 +59,9 @@ pub struct CapturedGraph {
     device_index: usize,
     /// The program's graph, for replays inside a step (recorded into it).
     graph: crate::ir::Graph,
-    exe: Arc<LoadedExecutable>,
+    /// None for an SPMD program (a graph of sharded inputs): replays record
+    /// the graph into the pending one, which runs it over the mesh.
+    exe: Option<Arc<LoadedExecutable>>,
     params: Vec<Binding>,
     written: Vec<Written>,
     input_views: Vec<InputView>,
@@ -78,8 +80,8 @@ struct Capture {
     /// Why the recorded ops cannot be replayed, once something ran part of
     /// them before the end (a host read or a CPU fallback flushed).
     broken: Option<String>,
-    /// Each input's buffer when the capture began.
-    buffers: Vec<Option<Arc<Buffer>>>,
+    /// Each input's value when the capture began.
+    values: Vec<StorageValue>,
     device_index: usize,
     /// The mode to return to when the capture ends.
     before: Mode,
@@ -107,7 +109,7 @@ pub fn begin(inputs: &[TensorArg]) -> Result<()> {
     // Not under the capture lock: a flush takes it (`note_flush`).
     deferred::flush_all(None)?;
     let device_index = inputs.first().map_or(0, |t| t.storage.device_index());
-    let mut buffers = Vec::with_capacity(inputs.len());
+    let mut values = Vec::with_capacity(inputs.len());
     for (i, input) in inputs.iter().enumerate() {
         if input.storage.device_index() != device_index {
             return Err(Error::invalid(
@@ -116,15 +118,12 @@ pub fn begin(inputs: &[TensorArg]) -> Result<()> {
                 format!("one on tpu:{}", input.storage.device_index()),
             ));
         }
-        buffers.push(match input.storage.value()? {
-            StorageValue::Buffer { buffer, .. } => Some(buffer),
-            _ => None,
-        });
+        values.push(input.storage.value()?);
     }
     *capture() = Some(Capture {
         inputs: inputs.to_vec(),
         broken: None,
-        buffers,
+        values,
         device_index,
         before: mode::current(),
     });
@@ -194,7 +193,8 @@ pub(super) struct RanGraph {
     /// The program's graph: parameters, then written values and check
     /// flags as outputs.
     pub graph: Graph,
-    pub exe: Arc<LoadedExecutable>,
+    /// None for an SPMD program (see `CapturedGraph::exe`).
+    pub exe: Option<Arc<LoadedExecutable>>,
     /// What feeds each parameter of the program.
     pub sources: Vec<Source>,
     /// The storages whose new values are the program's first outputs.
@@ -225,13 +225,17 @@ fn bind(
         .into_iter()
         .map(|source| match source {
             Source::Buffer(buffer) => Ok(state
-                .buffers
+                .values
                 .iter()
-                .position(|b| b.as_ref().is_some_and(|b| Arc::ptr_eq(b, &buffer)))
+                .position(|v| matches!(v, StorageValue::Buffer { buffer: b, .. } if Arc::ptr_eq(b, &buffer)))
                 .map_or(Binding::Fixed(buffer), Binding::Input)),
             Source::Host { bytes, dtype, dims } => Ok(Binding::Host { bytes, dtype, dims }),
-            // Refused before it ran (`deferred::run_graph`).
-            Source::Sharded(_) => Err("it read a sharded tensor".to_string()),
+            Source::Sharded(shards) => state
+                .values
+                .iter()
+                .position(|v| matches!(v, StorageValue::Sharded { shards: s, .. } if Arc::ptr_eq(s, &shards)))
+                .map(Binding::Input)
+                .ok_or_else(|| "it read a sharded tensor that is not one of its inputs".to_string()),
         })
         .collect::<std::result::Result<Vec<_>, String>>()?;
     let mut returned = vec![false; outputs.len()];
@@ -394,19 +398,27 @@ impl CapturedGraph {
         // An earlier graph's failed check means these inputs may be wrong.
         checks::verify_checks()?;
         let mut input_buffers = Vec::with_capacity(inputs.len());
-        for (i, input) in inputs.iter().enumerate() {
+        let mut sharded = false;
+        for input in inputs {
             input_buffers.push(match input.storage.value()? {
                 StorageValue::Buffer { buffer, .. } => Some(buffer),
                 StorageValue::Sharded { .. } => {
-                    return Err(Error::invalid(
-                        format!("captured graph input {i}"),
-                        "a tensor on one device, as at capture",
-                        "a sharded tensor",
-                    ))
+                    sharded = true;
+                    None
                 }
                 _ => None,
             });
         }
+        let exe = match &self.exe {
+            Some(exe) if !sharded => exe,
+            // An SPMD program over the inputs' mesh (compiled and cached
+            // as any pending graph), run now.
+            _ => {
+                let outputs = self.record(inputs)?;
+                deferred::flush_device(&self.client, self.device_index)?;
+                return Ok(outputs);
+            }
+        };
         let device = self.client.device(self.device_index)?;
         let mut args: Vec<Arc<Buffer>> = Vec::with_capacity(self.params.len());
         for binding in &self.params {
@@ -431,7 +443,7 @@ impl CapturedGraph {
         }
         let arg_refs: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
         let start = Instant::now();
-        let results = self.exe.execute(
+        let results = exe.execute(
             &[&arg_refs],
             &ExecuteOptions {
                 donate: Vec::new(),

@@ -606,13 +606,10 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
         )
         .map(|(exe, buffers)| {
             let computed: Vec<Computed> = buffers.into_iter().map(Computed::Buffer).collect();
-            (exe, computed)
+            (Some(exe), computed)
         }),
-        Some(_) if capture => Err(Error::invalid(
-            "a graph captured by torch.compile(backend=\"tpu\")",
-            "tensors on one device",
-            "sharded tensors (run the step under rtpu.step() instead)",
-        )),
+        // A captured SPMD graph keeps no executable: its replays record it
+        // into the pending graph, which runs it over its inputs' mesh.
         Some(mesh) => {
             // A storage the graph overwrites keeps the layout it had.
             let mut layouts: Vec<Option<Arc<Shards>>> = written
@@ -636,7 +633,7 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
                 &layouts,
                 Some(&provenance),
             )
-            .map(|(exe, shards)| (exe, shards.into_iter().map(Computed::Sharded).collect()))
+            .map(|(_, shards)| (None, shards.into_iter().map(Computed::Sharded).collect()))
         }
     });
     match result {
