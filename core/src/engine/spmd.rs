@@ -219,9 +219,17 @@ fn partitioned(
                 output_dims.push(shards.dims.clone());
             }
             None => {
+                // A value made flat only to be stored is output with the
+                // dims it was computed in: XLA can keep it split on any dim
+                // (a column-split gradient stays split) instead of
+                // regathering it to cut the flat value.
+                let value = match program.nodes[value].0 {
+                    Node::Reshape(computed) => computed,
+                    _ => value,
+                };
                 program.outputs.push(value);
                 output_shardings.push(None);
-                output_dims.push(ty.dims);
+                output_dims.push(program.nodes[value].1.dims.clone());
             }
         }
     }
