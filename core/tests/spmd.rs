@@ -136,3 +136,30 @@ fn a_deferred_in_place_update_keeps_the_storages_layout() {
     let want: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a + 0.5 * b).collect();
     assert_close(&read(&x), &want, 1e-6, 1e-6);
 }
+
+#[test]
+fn an_unsharded_input_is_copied_to_the_mesh_once() {
+    let _turn = one_at_a_time();
+    let mut rng = Rng::fresh("spmd-replicated");
+    let (a, b) = (rng.f32s(8 * 6), rng.f32s(6 * 4));
+    let x = f32_tensor(&a, &[8, 6]);
+    let w = f32_tensor(&b, &[6, 4]);
+    x.storage
+        .shard(DType::F32, &MESH, &[8, 6], two_by_two())
+        .unwrap();
+    let copied = || metrics::value(Metric::SpmdReplicatedBytes);
+    let before = copied();
+    let first = call(
+        "aten::mm",
+        &[Arg::Tensor(x.clone()), Arg::Tensor(w.clone())],
+    );
+    let once = copied() - before;
+    assert_eq!(once, 3 * 6 * 4 * 4, "w copied to the 3 other devices");
+    // w now lives on the mesh, replicated: the next program reads it there.
+    let shards = w.storage.shards().unwrap().expect("on the mesh");
+    assert_eq!(shards.sharding, Sharding::replicated(1, 4));
+    let second = call("aten::mm", &[Arg::Tensor(x), Arg::Tensor(w.clone())]);
+    assert_eq!(copied() - before, once);
+    assert_eq!(read(&w), b);
+    assert_eq!(read(&first), read(&second));
+}

@@ -24,6 +24,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::ir::{Graph, Node, TensorType, ValueId};
 use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client, ExecuteOptions, LoadedExecutable};
+use crate::sharding::Sharding;
 use crate::storage::{Shards, Storage, StorageValue, View};
 
 /// A pending graph past this many nodes is flushed where it stands, so a
@@ -624,7 +625,7 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
                 .collect();
             layouts.resize(pruned.outputs.len(), None);
             let layouts = layouts;
-            spmd::execute(
+            let ran = spmd::execute(
                 &client,
                 &mesh,
                 &pruned,
@@ -632,8 +633,10 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
                 &sources,
                 &layouts,
                 Some(&provenance),
-            )
-            .map(|(_, shards)| (None, shards.into_iter().map(Computed::Sharded).collect()))
+            )?;
+            keep_on_mesh(&mesh, &slots, &kept, &sources, ran.replicated);
+            let outputs = ran.outputs.into_iter().map(Computed::Sharded).collect();
+            Ok((None, outputs))
         }
     });
     match result {
@@ -718,6 +721,48 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
                 }));
             }
             Err(error)
+        }
+    }
+}
+
+/// Storages an SPMD program only read from one device's buffer take the
+/// copies it made on the mesh as their value (replicated): a frozen weight
+/// or a constant is copied to the mesh once, not at every step.
+fn keep_on_mesh(
+    mesh: &[usize],
+    slots: &[Slot],
+    kept: &[usize],
+    sources: &[Source],
+    replicated: Vec<(usize, Vec<Arc<Buffer>>)>,
+) {
+    for (i, buffers) in replicated {
+        let Source::Buffer(read) = &sources[kept[i]] else {
+            continue;
+        };
+        let Some(storage) = slots
+            .iter()
+            .filter(|slot| !slot.written && slot.param == Some(kept[i]))
+            .find_map(|slot| slot.storage.upgrade())
+        else {
+            continue;
+        };
+        let StorageValue::Buffer { buffer, dtype } = storage.recorded_value() else {
+            continue;
+        };
+        let Ok(dims) = read.dims() else {
+            continue;
+        };
+        if Arc::ptr_eq(&buffer, read) && buffers.len() == mesh.len() {
+            let shards = Shards {
+                devices: mesh.to_vec(),
+                sharding: Sharding::replicated(dims.len(), mesh.len()),
+                dims,
+                buffers,
+            };
+            storage.set_recorded(StorageValue::Sharded {
+                shards: Arc::new(shards),
+                dtype,
+            });
         }
     }
 }

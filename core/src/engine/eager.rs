@@ -134,7 +134,19 @@ pub(super) fn run(mut b: Builder) -> Result<Vec<Output>> {
         .iter()
         .any(|s| matches!(s, ParamSource::Recorded { .. }))
     {
-        // A sharded input: the op runs as its own SPMD program.
+        // A sharded input: the op runs as its own SPMD program. Its other
+        // storages are recorded as storages too, so those it only reads
+        // can stay on the mesh afterwards.
+        for slot in &b.slots {
+            if let (Node::Param(i), ty) = &b.graph.nodes[slot.flat] {
+                if matches!(b.sources[*i], ParamSource::Storage(_)) {
+                    b.sources[*i] = ParamSource::Recorded {
+                        storage: slot.storage.clone(),
+                        view: View::contiguous(&ty.dims, ty.dtype),
+                    };
+                }
+            }
+        }
         let client = b.client.clone();
         let outputs = deferred::record(b, device_index)?;
         deferred::flush_device(&client, device_index)?;

@@ -12,7 +12,7 @@ use super::{cache, host_input, work};
 use crate::error::{Error, Result};
 use crate::ir::{Graph, Node, Spmd, TensorType, ValueId};
 use crate::metrics::{self, Metric};
-use crate::runtime::{Buffer, Client, ExecuteOptions, LoadedExecutable};
+use crate::runtime::{Buffer, Client, ExecuteOptions};
 use crate::sharding::Sharding;
 use crate::storage::Shards;
 
@@ -37,10 +37,19 @@ pub(super) fn mesh_of(kept: &[usize], sources: &[Source]) -> Result<Option<Vec<u
     Ok(mesh.cloned())
 }
 
+/// What an SPMD program's run left.
+pub(super) struct Ran {
+    /// Each output's shards.
+    pub outputs: Vec<Shards>,
+    /// For each parameter read from one device's buffer: its index and
+    /// the copy each partition read (by partition), which can stand for
+    /// the storage on the mesh from now on.
+    pub replicated: Vec<(usize, Vec<Arc<Buffer>>)>,
+}
+
 /// Runs `graph` (pruned; parameter `i` read from `sources[kept[i]]`) over
 /// the `mesh` devices. `layouts[o]` is the value output `o` overwrites when
-/// that value was sharded: the output keeps its layout. Returns each
-/// output's shards.
+/// that value was sharded: the output keeps its layout.
 pub(super) fn execute(
     client: &Client,
     mesh: &[usize],
@@ -49,7 +58,7 @@ pub(super) fn execute(
     sources: &[Source],
     layouts: &[Option<Arc<Shards>>],
     provenance: Option<&cache::Provenance<'_>>,
-) -> Result<(Arc<LoadedExecutable>, Vec<Shards>)> {
+) -> Result<Ran> {
     let (program, output_dims) = partitioned(graph, mesh, kept, sources, layouts);
     let exe = cache::executable(client, mesh[0], &program, provenance)?;
     let shardings = exe.output_shardings().ok_or_else(|| {
@@ -85,6 +94,16 @@ pub(super) fn execute(
             sources,
         )?);
     }
+    let replicated = (0..kept.len())
+        .filter(|&i| matches!(sources[kept[i]], Source::Buffer(_)))
+        .map(|i| {
+            let mut by_partition = vec![None; mesh.len()];
+            for (row, &partition) in rows.iter().zip(&partition_of) {
+                by_partition[partition] = Some(row[i].clone());
+            }
+            (i, by_partition.into_iter().flatten().collect())
+        })
+        .collect();
     let rows: Vec<Vec<&Buffer>> = rows
         .iter()
         .map(|row| row.iter().map(Arc::as_ref).collect())
@@ -136,7 +155,10 @@ pub(super) fn execute(
             buffers,
         });
     }
-    Ok((exe, outputs))
+    Ok(Ran {
+        outputs,
+        replicated,
+    })
 }
 
 /// The SPMD program of `graph`: a sharded parameter is read with its
