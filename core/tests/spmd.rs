@@ -45,6 +45,21 @@ fn two_by_two() -> Sharding {
     Sharding::new(vec![2, 2], 1, vec![0, 1, 2, 3], 4).unwrap()
 }
 
+/// An 8x6 tensor split 2x2 over the mesh, an unsharded one of `dims`, and
+/// their values.
+fn sharded_and_plain(seed: &str, dims: &[i64]) -> (TensorArg, Vec<f32>, TensorArg, Vec<f32>) {
+    let mut rng = Rng::fresh(seed);
+    let (a, b) = (
+        rng.f32s(8 * 6),
+        rng.f32s(dims.iter().product::<i64>() as usize),
+    );
+    let x = f32_tensor(&a, &[8, 6]);
+    x.storage
+        .shard(DType::F32, &MESH, &[8, 6], two_by_two())
+        .unwrap();
+    (x, a, f32_tensor(&b, dims), b)
+}
+
 #[test]
 fn a_sharded_storage_reads_back_whole_and_holds_one_tile_per_device() {
     let _turn = one_at_a_time();
@@ -96,13 +111,7 @@ fn a_split_that_does_not_divide_or_names_no_device_is_refused() {
 #[test]
 fn an_eager_op_on_a_sharded_input_runs_partitioned_and_matches_the_host() {
     let _turn = one_at_a_time();
-    let mut rng = Rng::fresh("spmd-eager");
-    let (a, b) = (rng.f32s(8 * 6), rng.f32s(6 * 4));
-    let x = f32_tensor(&a, &[8, 6]);
-    let w = f32_tensor(&b, &[6, 4]);
-    x.storage
-        .shard(DType::F32, &MESH, &[8, 6], two_by_two())
-        .unwrap();
+    let (x, a, w, b) = sharded_and_plain("spmd-eager", &[6, 4]);
     let before = metrics::value(Metric::SpmdExecutions);
     let y = call("aten::mm", &[Arg::Tensor(x.clone()), Arg::Tensor(w)]);
     assert!(metrics::value(Metric::SpmdExecutions) > before);
@@ -116,13 +125,7 @@ fn an_eager_op_on_a_sharded_input_runs_partitioned_and_matches_the_host() {
 #[test]
 fn a_deferred_in_place_update_keeps_the_storages_layout() {
     let _turn = one_at_a_time();
-    let mut rng = Rng::fresh("spmd-deferred");
-    let (a, b) = (rng.f32s(8 * 6), rng.f32s(8 * 6));
-    let x = f32_tensor(&a, &[8, 6]);
-    let delta = f32_tensor(&b, &[8, 6]);
-    x.storage
-        .shard(DType::F32, &MESH, &[8, 6], two_by_two())
-        .unwrap();
+    let (x, a, delta, b) = sharded_and_plain("spmd-deferred", &[8, 6]);
     deferred::set_deferred(true).unwrap();
     let updated = call(
         "aten::add_.Tensor",
@@ -140,13 +143,7 @@ fn a_deferred_in_place_update_keeps_the_storages_layout() {
 #[test]
 fn an_unsharded_input_is_copied_to_the_mesh_once() {
     let _turn = one_at_a_time();
-    let mut rng = Rng::fresh("spmd-replicated");
-    let (a, b) = (rng.f32s(8 * 6), rng.f32s(6 * 4));
-    let x = f32_tensor(&a, &[8, 6]);
-    let w = f32_tensor(&b, &[6, 4]);
-    x.storage
-        .shard(DType::F32, &MESH, &[8, 6], two_by_two())
-        .unwrap();
+    let (x, _, w, b) = sharded_and_plain("spmd-replicated", &[6, 4]);
     let copied = || metrics::value(Metric::SpmdReplicatedBytes);
     let before = copied();
     let first = call(
