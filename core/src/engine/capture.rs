@@ -454,7 +454,7 @@ impl CapturedGraph {
         metrics::add(Metric::GraphExecutions, 1);
         let mut buffers = results?.into_iter().next().unwrap_or_default();
         if let Some(output) = buffers.first() {
-            work::launched(&self.client, self.device_index, output)?;
+            work::launched(&self.client, self.device_index, output, Vec::new())?;
         }
         if buffers.len() != self.written.len() + self.checks.len() {
             return Err(Error::invalid(

@@ -856,7 +856,15 @@ pub(super) fn execute(
     metrics::add(Metric::GraphExecutions, 1);
     let buffers = results?.into_iter().next().unwrap_or_default();
     if let Some(output) = buffers.first() {
-        work::launched(client, device_index, output)?;
+        let donated = graph
+            .donors
+            .iter()
+            .filter_map(|&d| match &sources[kept[d]] {
+                Source::Buffer(buffer) => Some(buffer.clone()),
+                _ => None,
+            })
+            .collect();
+        work::launched(client, device_index, output, donated)?;
     }
     metrics::add(Metric::BuffersDonated, graph.donors.len() as u64);
     if buffers.len() != graph.outputs.len() {

@@ -184,7 +184,7 @@ pub(super) fn run(mut b: Builder) -> Result<Vec<Output>> {
     metrics::add_elapsed(Metric::ExecuteNs, start);
     let results = launched?.into_iter().next().unwrap_or_default();
     if let Some(output) = results.first() {
-        work::launched(b.client, device_index, output)?;
+        work::launched(b.client, device_index, output, Vec::new())?;
     }
     let mut results = results.into_iter();
 

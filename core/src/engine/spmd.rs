@@ -104,6 +104,10 @@ pub(super) fn execute(
             (i, by_partition.into_iter().flatten().collect())
         })
         .collect();
+    let mut donated: Vec<Vec<Arc<Buffer>>> = rows
+        .iter()
+        .map(|row| program.donors.iter().map(|&d| row[d].clone()).collect())
+        .collect();
     let rows: Vec<Vec<&Buffer>> = rows
         .iter()
         .map(|row| row.iter().map(Arc::as_ref).collect())
@@ -128,9 +132,13 @@ pub(super) fn execute(
     );
     let results = results?;
     let mut by_partition: Vec<Vec<Option<Buffer>>> = (0..mesh.len()).map(|_| Vec::new()).collect();
-    for (device_results, &partition) in results.into_iter().zip(&partition_of) {
+    for ((device_results, &partition), donated) in results
+        .into_iter()
+        .zip(&partition_of)
+        .zip(donated.iter_mut())
+    {
         if let Some(first) = device_results.first() {
-            work::launched(client, mesh[partition], first)?;
+            work::launched(client, mesh[partition], first, std::mem::take(donated))?;
         }
         by_partition[partition] = device_results.into_iter().map(Some).collect();
     }

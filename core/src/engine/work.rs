@@ -21,6 +21,10 @@ struct Launch {
     /// When it finished: set by the event's callback (or by whoever first
     /// sees the event ready, should that come before the callback).
     finished_at: Arc<OnceLock<Instant>>,
+    /// Input buffers the program took over (donated). Destroying such a
+    /// handle waits until the program has run (the CPU plugin blocks), so
+    /// they are dropped with the launch, once it finished.
+    _donated: Vec<Arc<Buffer>>,
 }
 
 impl Launch {
@@ -48,8 +52,13 @@ fn in_flight() -> MutexGuard<'static, InFlight> {
 }
 
 /// Registers a program just launched on `device_index` of `client`, which
-/// computes `output`.
-pub(super) fn launched(client: &Client, device_index: usize, output: &Buffer) -> Result<()> {
+/// computes `output` and took over the `donated` input buffers.
+pub(super) fn launched(
+    client: &Client,
+    device_index: usize,
+    output: &Buffer,
+    donated: Vec<Arc<Buffer>>,
+) -> Result<()> {
     let Some(ready) = output.ready_event()? else {
         return Ok(());
     };
@@ -61,7 +70,11 @@ pub(super) fn launched(client: &Client, device_index: usize, output: &Buffer) ->
     let mut all = in_flight();
     let launches = all.entry((client.id(), device_index)).or_default();
     launches.retain(|l| l.finished_at.get().is_none());
-    launches.push(Arc::new(Launch { ready, finished_at }));
+    launches.push(Arc::new(Launch {
+        ready,
+        finished_at,
+        _donated: donated,
+    }));
     Ok(())
 }
 
