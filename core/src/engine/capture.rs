@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use super::checks::{self, OnFailure};
-use super::deferred::{self, CapturedOutput, RecordedOp, Source, SplicedParam};
+use super::deferred::{self, CapturedOutput, RecordedOp, SplicedParam};
+use super::launch::Source;
 use super::location;
 use super::mode::{self, Mode};
 use super::{host_input, work, Output, TensorArg};

@@ -15,17 +15,18 @@ use std::time::Instant;
 use super::capture::RanGraph;
 use super::checks::{keep_old_values_on_failure, verify_checks, watch_checks, OnFailure};
 use super::failure::{find_culprit, graph_error};
+use super::launch::{execute, Source};
 use super::location::{current_location, intern_location};
 use super::mode::{self, Mode};
-use super::{cache, host_input, spmd, work};
+use super::spmd::{self, Computed};
+use super::{cache, work};
 use crate::builder::{Builder, Output, ParamSource, PendingOutput};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ir::{Graph, Node, TensorType, ValueId};
 use crate::metrics::{self, Metric};
-use crate::runtime::{Buffer, Client, ExecuteOptions, LoadedExecutable};
-use crate::sharding::Sharding;
-use crate::storage::{Shards, Storage, StorageValue, View};
+use crate::runtime::{Buffer, Client};
+use crate::storage::{Storage, StorageValue, View};
 
 /// A pending graph past this many nodes is flushed where it stands, so a
 /// program that never reaches a sync point still runs in bounded pieces.
@@ -64,18 +65,6 @@ pub fn set_deferred(deferred: bool) -> Result<()> {
 pub struct RecordedOp {
     pub name: &'static str,
     pub location: u32,
-}
-
-#[derive(Clone)]
-pub(crate) enum Source {
-    Buffer(Arc<Buffer>),
-    /// A sharded storage's buffers: the graph runs as an SPMD program.
-    Sharded(Arc<Shards>),
-    Host {
-        bytes: Vec<u8>,
-        dtype: DType,
-        dims: Vec<i64>,
-    },
 }
 
 /// A storage the pending graph reads or writes.
@@ -613,7 +602,7 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
         // into the pending graph, which runs it over its inputs' mesh.
         Some(mesh) => {
             // A storage the graph overwrites keeps the layout it had.
-            let mut layouts: Vec<Option<Arc<Shards>>> = written
+            let layouts = written
                 .iter()
                 .map(
                     |(_, slot)| match (slot.param.map(|p| &sources[p]), &slot.before) {
@@ -623,20 +612,20 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
                     },
                 )
                 .collect();
-            layouts.resize(pruned.outputs.len(), None);
-            let layouts = layouts;
-            let ran = spmd::execute(
-                &client,
-                &mesh,
-                &pruned,
-                &kept,
-                &sources,
-                &layouts,
-                Some(&provenance),
-            )?;
-            keep_on_mesh(&mesh, &slots, &kept, &sources, ran.replicated);
-            let outputs = ran.outputs.into_iter().map(Computed::Sharded).collect();
-            Ok((None, outputs))
+            let read_only = slots
+                .iter()
+                .filter(|slot| !slot.written)
+                .filter_map(|slot| Some((slot.param?, slot.storage.upgrade()?)))
+                .collect();
+            let spmd_run = spmd::Run {
+                mesh: &mesh,
+                graph: &pruned,
+                kept: &kept,
+                sources: &sources,
+            };
+            spmd_run
+                .run(&client, layouts, read_only, Some(&provenance))
+                .map(|outputs| (None, outputs))
         }
     });
     match result {
@@ -723,156 +712,4 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
             Err(error)
         }
     }
-}
-
-/// Storages an SPMD program only read from one device's buffer take the
-/// copies it made on the mesh as their value (replicated): a frozen weight
-/// or a constant is copied to the mesh once, not at every step.
-fn keep_on_mesh(
-    mesh: &[usize],
-    slots: &[Slot],
-    kept: &[usize],
-    sources: &[Source],
-    replicated: Vec<(usize, Vec<Arc<Buffer>>)>,
-) {
-    for (i, buffers) in replicated {
-        let Source::Buffer(read) = &sources[kept[i]] else {
-            continue;
-        };
-        let Some(storage) = slots
-            .iter()
-            .filter(|slot| !slot.written && slot.param == Some(kept[i]))
-            .find_map(|slot| slot.storage.upgrade())
-        else {
-            continue;
-        };
-        let StorageValue::Buffer { buffer, dtype } = storage.recorded_value() else {
-            continue;
-        };
-        let Ok(dims) = read.dims() else {
-            continue;
-        };
-        if Arc::ptr_eq(&buffer, read) && buffers.len() == mesh.len() {
-            let shards = Shards {
-                devices: mesh.to_vec(),
-                sharding: Sharding::replicated(dims.len(), mesh.len()),
-                dims,
-                buffers,
-            };
-            storage.set_recorded(StorageValue::Sharded {
-                shards: Arc::new(shards),
-                dtype,
-            });
-        }
-    }
-}
-
-/// What a program computed for one output: a buffer on its device, or
-/// one per device of a mesh.
-enum Computed {
-    Buffer(Buffer),
-    Sharded(Shards),
-}
-
-impl Computed {
-    /// The storage value it makes, and the buffer device checks watch to
-    /// tell whether the storage was written again since.
-    fn into_value(self) -> Result<(StorageValue, Arc<Buffer>)> {
-        match self {
-            Computed::Buffer(buffer) => {
-                let dtype = buffer.dtype()?;
-                let buffer = Arc::new(buffer);
-                Ok((
-                    StorageValue::Buffer {
-                        buffer: buffer.clone(),
-                        dtype,
-                    },
-                    buffer,
-                ))
-            }
-            Computed::Sharded(shards) => {
-                let first = shards.buffers[0].clone();
-                let dtype = first.dtype()?;
-                let shards = Arc::new(shards);
-                Ok((StorageValue::Sharded { shards, dtype }, first))
-            }
-        }
-    }
-
-    /// A device-side check's flag (a scalar: any holder's copy).
-    fn into_flag(self) -> Result<Buffer> {
-        match self {
-            Computed::Buffer(buffer) => Ok(buffer),
-            Computed::Sharded(mut shards) => {
-                let holder = shards.sharding.tile_holders().next().unwrap_or(0);
-                Arc::try_unwrap(shards.buffers.swap_remove(holder)).map_err(|_| {
-                    Error::invalid(
-                        "a check flag of an SPMD program",
-                        "its own buffer",
-                        "a shared one",
-                    )
-                })
-            }
-        }
-    }
-}
-
-pub(super) fn execute(
-    client: &Client,
-    device_index: usize,
-    graph: &Graph,
-    kept: &[usize],
-    sources: &[Source],
-    provenance: Option<&cache::Provenance<'_>>,
-) -> Result<(Arc<LoadedExecutable>, Vec<Buffer>)> {
-    let exe = cache::executable(client, device_index, graph, provenance)?;
-    let device = client.device(device_index)?;
-    let mut args = Vec::with_capacity(kept.len());
-    for &p in kept {
-        args.push(match &sources[p] {
-            Source::Buffer(buffer) => buffer.clone(),
-            Source::Host { bytes, dtype, dims } => {
-                host_input(client, device_index, &device, bytes, *dtype, dims)?
-            }
-            Source::Sharded(_) => {
-                return Err(Error::invalid(
-                    "an input of a one-device program",
-                    "a tensor on that device",
-                    "a sharded tensor",
-                ))
-            }
-        });
-    }
-    let args: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
-    let start = Instant::now();
-    let results = exe.execute(
-        &[&args],
-        &ExecuteOptions {
-            donate: graph.donors.clone(),
-            asynchronous: true,
-        },
-    );
-    metrics::add_elapsed(Metric::ExecuteNs, start);
-    metrics::add(Metric::GraphExecutions, 1);
-    let buffers = results?.into_iter().next().unwrap_or_default();
-    if let Some(output) = buffers.first() {
-        let donated = graph
-            .donors
-            .iter()
-            .filter_map(|&d| match &sources[kept[d]] {
-                Source::Buffer(buffer) => Some(buffer.clone()),
-                _ => None,
-            })
-            .collect();
-        work::launched(client, device_index, output, donated)?;
-    }
-    metrics::add(Metric::BuffersDonated, graph.donors.len() as u64);
-    if buffers.len() != graph.outputs.len() {
-        return Err(Error::invalid(
-            "outputs of a deferred graph",
-            graph.outputs.len(),
-            buffers.len(),
-        ));
-    }
-    Ok((exe, buffers))
 }

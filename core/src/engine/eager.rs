@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use super::{cache, deferred, work};
+use super::{cache, deferred, launch, work};
 use crate::builder::{Builder, Mode, Output, ParamSource, PendingOutput};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -47,8 +47,8 @@ pub(super) fn read_elements(
         donors: Vec::new(),
         spmd: None,
     };
-    let sources = [deferred::Source::Buffer(buffer.clone())];
-    let (_, slices) = deferred::execute(client, device_index, &graph, &[0], &sources, None)?;
+    let sources = [launch::Source::Buffer(buffer.clone())];
+    let (_, slices) = launch::execute(client, device_index, &graph, &[0], &sources, None)?;
     match slices.first() {
         Some(slice) => slice.to_host(),
         None => Err(Error::invalid("outputs of a slicing read", 1, 0)),

@@ -1,7 +1,8 @@
 //! What a failed deferred graph's error says: which op made it fail (found
 //! by running prefixes of the graph) and the lines that recorded its ops.
 
-use super::deferred::{execute, RecordedOp, Source};
+use super::deferred::RecordedOp;
+use super::launch::{execute, Source};
 use super::location::location_text;
 use crate::error::{Error, ErrorCode};
 use crate::ir::{Graph, Node, ValueId};

@@ -9,6 +9,7 @@ pub mod deferred;
 pub mod disk_cache;
 mod eager;
 mod failure;
+mod launch;
 pub mod location;
 pub mod mode;
 mod spmd;

@@ -7,14 +7,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::deferred::Source;
+use super::launch::Source;
 use super::{cache, host_input, work};
 use crate::error::{Error, Result};
 use crate::ir::{Graph, Node, Spmd, TensorType, ValueId};
 use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client, ExecuteOptions};
 use crate::sharding::Sharding;
-use crate::storage::Shards;
+use crate::storage::{Shards, Storage, StorageValue};
 
 /// The mesh devices of the sharded sources among `kept`, or None when no
 /// source is sharded. Two meshes in one program are an error.
@@ -37,20 +37,56 @@ pub(super) fn mesh_of(kept: &[usize], sources: &[Source]) -> Result<Option<Vec<u
     Ok(mesh.cloned())
 }
 
+/// A pending graph to run over a mesh: the pruned graph, whose parameter
+/// `i` reads `sources[kept[i]]`.
+pub(super) struct Run<'a> {
+    pub mesh: &'a [usize],
+    pub graph: &'a Graph,
+    pub kept: &'a [usize],
+    pub sources: &'a [Source],
+}
+
+impl Run<'_> {
+    /// Runs it. `layouts[o]` is the sharded value the graph's `o`-th
+    /// output overwrites (that output keeps its layout); `read_only` lists
+    /// (source index, storage) of the storages the graph only read, which
+    /// keep the copies made on the mesh. Returns each output's value.
+    pub fn run(
+        &self,
+        client: &Client,
+        mut layouts: Vec<Option<Arc<Shards>>>,
+        read_only: Vec<(usize, Arc<Storage>)>,
+        provenance: Option<&cache::Provenance<'_>>,
+    ) -> Result<Vec<Computed>> {
+        layouts.resize(self.graph.outputs.len(), None);
+        let ran = execute(
+            client,
+            self.mesh,
+            self.graph,
+            self.kept,
+            self.sources,
+            &layouts,
+            provenance,
+        )?;
+        keep_on_mesh(self, &read_only, ran.replicated);
+        Ok(ran.outputs.into_iter().map(Computed::Sharded).collect())
+    }
+}
+
 /// What an SPMD program's run left.
-pub(super) struct Ran {
+struct Ran {
     /// Each output's shards.
-    pub outputs: Vec<Shards>,
+    outputs: Vec<Shards>,
     /// For each parameter read from one device's buffer: its index and
     /// the copy each partition read (by partition), which can stand for
     /// the storage on the mesh from now on.
-    pub replicated: Vec<(usize, Vec<Arc<Buffer>>)>,
+    replicated: Vec<(usize, Vec<Arc<Buffer>>)>,
 }
 
 /// Runs `graph` (pruned; parameter `i` read from `sources[kept[i]]`) over
 /// the `mesh` devices. `layouts[o]` is the value output `o` overwrites when
 /// that value was sharded: the output keeps its layout.
-pub(super) fn execute(
+fn execute(
     client: &Client,
     mesh: &[usize],
     graph: &Graph,
@@ -295,4 +331,91 @@ fn arguments(
             }
         })
         .collect()
+}
+
+/// Storages an SPMD program only read from one device's buffer take the
+/// copies it made on the mesh as their value (replicated): a frozen weight
+/// or a constant is copied to the mesh once, not at every step.
+fn keep_on_mesh(
+    run: &Run<'_>,
+    read_only: &[(usize, Arc<Storage>)],
+    replicated: Vec<(usize, Vec<Arc<Buffer>>)>,
+) {
+    let mesh = run.mesh;
+    for (i, buffers) in replicated {
+        let Source::Buffer(read) = &run.sources[run.kept[i]] else {
+            continue;
+        };
+        let Some((_, storage)) = read_only.iter().find(|(p, _)| *p == run.kept[i]) else {
+            continue;
+        };
+        let StorageValue::Buffer { buffer, dtype } = storage.recorded_value() else {
+            continue;
+        };
+        let Ok(dims) = read.dims() else {
+            continue;
+        };
+        if Arc::ptr_eq(&buffer, read) && buffers.len() == mesh.len() {
+            let shards = Shards {
+                devices: mesh.to_vec(),
+                sharding: Sharding::replicated(dims.len(), mesh.len()),
+                dims,
+                buffers,
+            };
+            storage.set_recorded(StorageValue::Sharded {
+                shards: Arc::new(shards),
+                dtype,
+            });
+        }
+    }
+}
+
+/// What a program computed for one output: a buffer on its device, or
+/// one per device of a mesh.
+pub(super) enum Computed {
+    Buffer(Buffer),
+    Sharded(Shards),
+}
+
+impl Computed {
+    /// The storage value it makes, and the buffer device checks watch to
+    /// tell whether the storage was written again since.
+    pub(super) fn into_value(self) -> Result<(StorageValue, Arc<Buffer>)> {
+        match self {
+            Computed::Buffer(buffer) => {
+                let dtype = buffer.dtype()?;
+                let buffer = Arc::new(buffer);
+                Ok((
+                    StorageValue::Buffer {
+                        buffer: buffer.clone(),
+                        dtype,
+                    },
+                    buffer,
+                ))
+            }
+            Computed::Sharded(shards) => {
+                let first = shards.buffers[0].clone();
+                let dtype = first.dtype()?;
+                let shards = Arc::new(shards);
+                Ok((StorageValue::Sharded { shards, dtype }, first))
+            }
+        }
+    }
+
+    /// A device-side check's flag (a scalar: any holder's copy).
+    pub(super) fn into_flag(self) -> Result<Buffer> {
+        match self {
+            Computed::Buffer(buffer) => Ok(buffer),
+            Computed::Sharded(mut shards) => {
+                let holder = shards.sharding.tile_holders().next().unwrap_or(0);
+                Arc::try_unwrap(shards.buffers.swap_remove(holder)).map_err(|_| {
+                    Error::invalid(
+                        "a check flag of an SPMD program",
+                        "its own buffer",
+                        "a shared one",
+                    )
+                })
+            }
+        }
+    }
 }

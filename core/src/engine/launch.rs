@@ -1,0 +1,90 @@
+//! Running a built graph on one device: each parameter's buffer from its
+//! source (a storage's buffer, or host data uploaded), the launch, and
+//! the donated inputs handed to the launch's bookkeeping.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{cache, host_input, work};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::Graph;
+use crate::metrics::{self, Metric};
+use crate::runtime::{Buffer, Client, ExecuteOptions, LoadedExecutable};
+use crate::storage::Shards;
+
+/// What feeds a parameter of a graph when it runs.
+#[derive(Clone)]
+pub(crate) enum Source {
+    Buffer(Arc<Buffer>),
+    /// A sharded storage's buffers: the graph runs as an SPMD program.
+    Sharded(Arc<Shards>),
+    Host {
+        bytes: Vec<u8>,
+        dtype: DType,
+        dims: Vec<i64>,
+    },
+}
+
+/// Runs `graph` on `device_index`, parameter `i` read from
+/// `sources[kept[i]]`, donating `graph.donors`; returns the executable and
+/// its outputs.
+pub(super) fn execute(
+    client: &Client,
+    device_index: usize,
+    graph: &Graph,
+    kept: &[usize],
+    sources: &[Source],
+    provenance: Option<&cache::Provenance<'_>>,
+) -> Result<(Arc<LoadedExecutable>, Vec<Buffer>)> {
+    let exe = cache::executable(client, device_index, graph, provenance)?;
+    let device = client.device(device_index)?;
+    let mut args = Vec::with_capacity(kept.len());
+    for &p in kept {
+        args.push(match &sources[p] {
+            Source::Buffer(buffer) => buffer.clone(),
+            Source::Host { bytes, dtype, dims } => {
+                host_input(client, device_index, &device, bytes, *dtype, dims)?
+            }
+            Source::Sharded(_) => {
+                return Err(Error::invalid(
+                    "an input of a one-device program",
+                    "a tensor on that device",
+                    "a sharded tensor",
+                ))
+            }
+        });
+    }
+    let args: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
+    let start = Instant::now();
+    let results = exe.execute(
+        &[&args],
+        &ExecuteOptions {
+            donate: graph.donors.clone(),
+            asynchronous: true,
+        },
+    );
+    metrics::add_elapsed(Metric::ExecuteNs, start);
+    metrics::add(Metric::GraphExecutions, 1);
+    let buffers = results?.into_iter().next().unwrap_or_default();
+    if let Some(output) = buffers.first() {
+        let donated = graph
+            .donors
+            .iter()
+            .filter_map(|&d| match &sources[kept[d]] {
+                Source::Buffer(buffer) => Some(buffer.clone()),
+                _ => None,
+            })
+            .collect();
+        work::launched(client, device_index, output, donated)?;
+    }
+    metrics::add(Metric::BuffersDonated, graph.donors.len() as u64);
+    if buffers.len() != graph.outputs.len() {
+        return Err(Error::invalid(
+            "outputs of a deferred graph",
+            graph.outputs.len(),
+            buffers.len(),
+        ));
+    }
+    Ok((exe, buffers))
+}
