@@ -100,7 +100,7 @@ class Sharding:
         """The spec over `mesh` that lays a tensor out like this, if one does."""
         if self.devices != mesh.device_ids:
             return None
-        for spec in _candidate_specs(mesh, len(self.dims)):
+        for spec in _candidate_specs(mesh, self.tiles):
             try:
                 tiles, replicas, partitions = _layout(mesh, spec, self.dims, "")
             except ValueError:
@@ -110,20 +110,23 @@ class Sharding:
         return None
 
 
-def _candidate_specs(mesh: Mesh, rank: int):
-    """Every spec giving each mesh axis to at most one dim."""
+def _candidate_specs(mesh: Mesh, tiles: Tuple[int, ...]):
+    """Every spec giving each mesh axis to at most one dim and cutting dim
+    d into `tiles[d]` tiles (so only specs that can match are tried)."""
 
-    def entries(free):
-        yield None
+    def entries(free, count):
+        if count == 1:
+            yield None
         for length in range(1, len(free) + 1):
             for axes in itertools.permutations(free, length):
-                yield axes[0] if length == 1 else axes
+                if math.prod(mesh.axis_size(a) for a in axes) == count:
+                    yield axes[0] if length == 1 else axes
 
     def extend(prefix, free):
-        if len(prefix) == rank:
+        if len(prefix) == len(tiles):
             yield tuple(prefix)
             return
-        for entry in entries(free):
+        for entry in entries(free, tiles[len(prefix)]):
             used = _axes(entry)
             yield from extend([*prefix, entry], [a for a in free if a not in used])
 
