@@ -34,6 +34,18 @@ void* synthetic_ptr(rtpu_storage* storage, c10::DeviceIndex device) {
       bits | (static_cast<uintptr_t>(device + 1) << kDeviceShift));
 }
 
+// Calls `f` on every statistic of `s` that has a peak and a total.
+template <typename F>
+void for_each_stat(DeviceStats& s, F f) {
+  for (auto* array : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
+                      &s.requested_bytes, &s.allocation, &s.segment,
+                      &s.active}) {
+    for (auto& stat : *array) {
+      f(stat);
+    }
+  }
+}
+
 // Per-device byte counts. Leaked on purpose: storages may be freed during
 // process teardown, after static destructors have run.
 struct Stats {
@@ -92,26 +104,13 @@ struct Stats {
 
   void reset_peak(c10::DeviceIndex device) {
     std::lock_guard<std::mutex> lock(mutex);
-    auto& s = devices[device];
-    for (auto* array : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                        &s.requested_bytes, &s.allocation, &s.segment,
-                        &s.active}) {
-      for (auto& stat : *array) {
-        stat.reset_peak();
-      }
-    }
+    for_each_stat(devices[device], [](auto& stat) { stat.reset_peak(); });
   }
 
   void reset_accumulated(c10::DeviceIndex device) {
     std::lock_guard<std::mutex> lock(mutex);
     auto& s = devices[device];
-    for (auto* array : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                        &s.requested_bytes, &s.allocation, &s.segment,
-                        &s.active}) {
-      for (auto& stat : *array) {
-        stat.reset_accumulated();
-      }
-    }
+    for_each_stat(s, [](auto& stat) { stat.reset_accumulated(); });
     s.num_device_alloc = 0;
     s.num_device_free = 0;
   }

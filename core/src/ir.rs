@@ -193,6 +193,17 @@ pub enum Literal {
     Bool(bool),
 }
 
+impl Literal {
+    /// The value as PyTorch casts a scalar to a float.
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Literal::Float(x) => x,
+            Literal::Int(x) => x as f64,
+            Literal::Bool(x) => x as i64 as f64,
+        }
+    }
+}
+
 // Literals compare and hash by bits: graphs are cache keys, and two
 // constants are the same program exactly when their bits are equal.
 impl PartialEq for Literal {
@@ -362,37 +373,32 @@ pub enum Node {
     RngBits {
         key: ValueId,
     },
-    /// Collectives across the replicas of a program. `groups` lists the
-    /// replica ids that combine their values (every replica in one group).
-    /// Each replica's `operand` combined with `op` over its group.
-    AllReduce {
+    /// A collective across the replicas of a program: each replica's
+    /// `operand` combined over its group. `groups` lists the replica ids that
+    /// take part together (every replica in one group).
+    Collective {
+        op: CollectiveOp,
         operand: ValueId,
-        op: ReduceOp,
-        groups: Vec<Vec<i64>>,
-    },
-    /// The group's operands concatenated along `dim`, in replica order.
-    AllGather {
-        operand: ValueId,
-        dim: usize,
-        groups: Vec<Vec<i64>>,
-    },
-    /// The operands combined with `op`, then split along `dim`: replica k of
-    /// the group gets the k-th piece.
-    ReduceScatter {
-        operand: ValueId,
-        op: ReduceOp,
-        dim: usize,
-        groups: Vec<Vec<i64>>,
-    },
-    /// Each operand split along `dim` into one piece per replica of the
-    /// group; replica k gets the k-th piece of each, concatenated along `dim`.
-    AllToAll {
-        operand: ValueId,
-        dim: usize,
         groups: Vec<Vec<i64>>,
     },
     /// The replica's id, a `u32` scalar.
     ReplicaId,
+}
+
+/// How a `Collective` node combines its group's operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CollectiveOp {
+    /// Every replica gets the operands combined with the op.
+    AllReduce(ReduceOp),
+    /// The operands concatenated along `dim`, in replica order.
+    AllGather { dim: usize },
+    /// The operands combined with `op`, then split along `dim`: replica k
+    /// of the group gets the k-th piece.
+    ReduceScatter { op: ReduceOp, dim: usize },
+    /// Each operand split along `dim` into one piece per replica of the
+    /// group; replica k gets the k-th piece of each, concatenated along
+    /// `dim`.
+    AllToAll { dim: usize },
 }
 
 impl Node {
@@ -412,10 +418,7 @@ impl Node {
             | Node::ReduceWindow { operand: x, .. }
             | Node::SortPayload { sort: x }
             | Node::RngBits { key: x }
-            | Node::AllReduce { operand: x, .. }
-            | Node::AllGather { operand: x, .. }
-            | Node::ReduceScatter { operand: x, .. }
-            | Node::AllToAll { operand: x, .. } => f(x),
+            | Node::Collective { operand: x, .. } => f(x),
             Node::Binary(_, x, y)
             | Node::Compare(_, x, y)
             | Node::Dot { lhs: x, rhs: y, .. }

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use half::{bf16, f16};
 
 use crate::dtype::DType;
-use crate::ir::{CompareDir, Graph, Literal, Node, ReduceOp, TensorType};
+use crate::ir::{CollectiveOp, CompareDir, Graph, Literal, Node, ReduceOp, TensorType};
 use crate::sharding::Sharding;
 
 /// The module text for `graph`, with `@main` as its entry.
@@ -136,18 +136,14 @@ fn op(
     let _ = writeln!(out, ") -> {ty}");
 }
 
-/// The literal as a dense attribute element of `dtype`, exact for every
-/// dtype (floats as hex bit patterns, so inf/nan and rounding are exact).
 fn sharding_attribute(sharding: &Sharding, partitions: usize) -> String {
     format!("mhlo.sharding = \"{}\"", sharding.to_hlo_text(partitions))
 }
 
+/// The literal as a dense attribute element of `dtype`, exact for every
+/// dtype (floats as hex bit patterns, so inf/nan and rounding are exact).
 pub fn literal_attr(literal: Literal, dtype: DType) -> String {
-    let as_f64 = match literal {
-        Literal::Float(x) => x,
-        Literal::Int(x) => x as f64,
-        Literal::Bool(x) => x as i64 as f64,
-    };
+    let as_f64 = literal.as_f64();
     let as_i128 = match literal {
         Literal::Float(x) => x as i128,
         Literal::Int(x) => x as i128,
@@ -195,8 +191,8 @@ fn combiner_region(op: ReduceOp, dtype: DType) -> String {
     )
 }
 
-/// A collective that combines its operands with `reduce` (a region), with
-/// `attrs` (ending in ", " when given) before its replica groups.
+/// A collective that combines with `reduce`, whose `attrs` end with its
+/// replica groups.
 #[allow(clippy::too_many_arguments)]
 fn reducing_collective(
     out: &mut String,
@@ -205,15 +201,13 @@ fn reducing_collective(
     name: &str,
     operand: usize,
     reduce: ReduceOp,
-    groups: &[Vec<i64>],
     attrs: &str,
     ty: &TensorType,
 ) {
     let region = combiner_region(reduce, ty.dtype);
     let _ = writeln!(
         out,
-        "    %v{id} = \"stablehlo.{name}\"(%v{operand}) ({region}) {{{attrs}replica_groups = {}}} : ({}) -> {ty}",
-        replica_groups(groups),
+        "    %v{id} = \"stablehlo.{name}\"(%v{operand}) ({region}) {{{attrs}}} : ({}) -> {ty}",
         graph.ty(operand)
     );
 }
@@ -404,61 +398,40 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
                 i64_array(dims)
             );
         }
-        Node::AllReduce {
+        Node::Collective {
+            op: collective,
             operand,
-            op: reduce,
             groups,
-        } => reducing_collective(out, graph, id, "all_reduce", *operand, *reduce, groups, "", ty),
-        Node::ReduceScatter {
-            operand,
-            op: reduce,
-            dim,
-            groups,
-        } => reducing_collective(
-            out,
-            graph,
-            id,
-            "reduce_scatter",
-            *operand,
-            *reduce,
-            groups,
-            &format!("scatter_dimension = {dim} : i64, "),
-            ty,
-        ),
-        Node::AllGather {
-            operand,
-            dim,
-            groups,
-        } => op(
-            out,
-            graph,
-            id,
-            "stablehlo.all_gather",
-            &[*operand],
-            &format!(
-                "all_gather_dim = {dim} : i64, replica_groups = {}",
-                replica_groups(groups)
-            ),
-            ty,
-        ),
-        Node::AllToAll {
-            operand,
-            dim,
-            groups,
-        } => op(
-            out,
-            graph,
-            id,
-            "stablehlo.all_to_all",
-            &[*operand],
-            &format!(
-                "split_dimension = {dim} : i64, concat_dimension = {dim} : i64, \
-                 split_count = {} : i64, replica_groups = {}",
-                groups.first().map_or(1, Vec::len),
-                replica_groups(groups)
-            ),
-            ty,
-        ),
+        } => {
+            let groups_attr = format!("replica_groups = {}", replica_groups(groups));
+            match *collective {
+                CollectiveOp::AllReduce(reduce) => {
+                    reducing_collective(out, graph, id, "all_reduce", *operand, reduce, &groups_attr, ty)
+                }
+                CollectiveOp::ReduceScatter { op: reduce, dim } => reducing_collective(
+                    out,
+                    graph,
+                    id,
+                    "reduce_scatter",
+                    *operand,
+                    reduce,
+                    &format!("scatter_dimension = {dim} : i64, {groups_attr}"),
+                    ty,
+                ),
+                CollectiveOp::AllGather { dim } => {
+                    let attrs = format!("all_gather_dim = {dim} : i64, {groups_attr}");
+                    op(out, graph, id, "stablehlo.all_gather", &[*operand], &attrs, ty)
+                }
+                CollectiveOp::AllToAll { dim } => {
+                    let attrs = format!(
+                        "split_dimension = {dim} : i64, concat_dimension = {dim} : i64, \
+                         split_count = {} : i64, {groups_attr}",
+                        groups.first().map_or(1, Vec::len),
+                    );
+                    op(out, graph, id, "stablehlo.all_to_all", &[*operand], &attrs, ty)
+                }
+            }
+        }
         Node::ReplicaId => op(out, graph, id, "stablehlo.replica_id", &[], "", ty),
         Node::FlatGather { operand, indices } => {
             let rank = graph.ty(*indices).rank();

@@ -249,13 +249,7 @@ fn sum_mean_argmax() {
     let m = call("aten::mean", &[t(&x), Arg::None]);
     assert_close(&read(&m[0]), &[a.iter().sum::<f32>() / 12.0], RTOL, ATOL);
     let am = call("aten::argmax", &[t(&x), Arg::Int(0), Arg::Bool(false)]);
-    let got: Vec<i64> = am[0]
-        .storage
-        .read_view(&am[0].view)
-        .unwrap()
-        .chunks_exact(8)
-        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
-        .collect();
+    let got = read_i64(&am[0]);
     let want: Vec<i64> = (0..4)
         .map(|c| {
             (0..3)
@@ -277,13 +271,7 @@ fn integer_true_division_promotes_to_float() {
         &[t(&x), Arg::Int(2), Arg::Str("floor".into())],
     );
     assert_eq!(out[0].view.dtype, DType::I64);
-    let got: Vec<i64> = out[0]
-        .storage
-        .read_view(&out[0].view)
-        .unwrap()
-        .chunks_exact(8)
-        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
-        .collect();
+    let got = read_i64(&out[0]);
     assert_eq!(got, vec![3, -4, 4]);
 }
 
@@ -304,24 +292,10 @@ fn foreach_updates_every_tensor_in_one_call() {
     )
     .unwrap();
     assert!(out.is_empty());
-    assert_close(
-        &read(&ta),
-        &a.iter()
-            .zip(&g1)
-            .map(|(x, g)| x - 0.1 * g)
-            .collect::<Vec<_>>(),
-        RTOL,
-        ATOL,
-    );
-    assert_close(
-        &read(&tb),
-        &b.iter()
-            .zip(&g2)
-            .map(|(x, g)| x - 0.1 * g)
-            .collect::<Vec<_>>(),
-        RTOL,
-        ATOL,
-    );
+    let stepped =
+        |x: &[f32], g: &[f32]| -> Vec<f32> { x.iter().zip(g).map(|(x, g)| x - 0.1 * g).collect() };
+    assert_close(&read(&ta), &stepped(&a, &g1), RTOL, ATOL);
+    assert_close(&read(&tb), &stepped(&b, &g2), RTOL, ATOL);
 }
 
 #[test]
@@ -569,18 +543,19 @@ fn convolution_matches_host_and_its_backward_is_its_adjoint() {
     let (want, od) = host_conv2d(&x, xd, &w, wd, 2, 1, 1, 2);
     let dims = |d: [usize; 4]| d.iter().map(|&v| v as i64).collect::<Vec<_>>();
     let (tx, tw) = (f32_tensor(&x, &dims(xd)), f32_tensor(&w, &dims(wd)));
-    let geometry = |transposed: bool| {
+    // Stride, padding, dilation, transposed, output padding, groups.
+    let geometry = |transposed: bool, output_padding: Vec<i64>| {
         vec![
             Arg::IntList(vec![2, 2]),
             Arg::IntList(vec![1, 1]),
             Arg::IntList(vec![1, 1]),
             Arg::Bool(transposed),
-            Arg::IntList(vec![0, 0]),
+            Arg::IntList(output_padding),
             Arg::Int(2),
         ]
     };
     let mut args = vec![t(&tx), t(&tw), Arg::None];
-    args.extend(geometry(false));
+    args.extend(geometry(false, vec![0, 0]));
     let y = call("aten::convolution", &args);
     assert_eq!(y[0].view.sizes, dims(od));
     assert_close(&read(&y[0]), &want, 1e-4, 1e-5);
@@ -589,7 +564,7 @@ fn convolution_matches_host_and_its_backward_is_its_adjoint() {
     let gy = rng.f32s(od.iter().product());
     let tgy = f32_tensor(&gy, &dims(od));
     let mut args = vec![t(&tgy), t(&tx), t(&tw), Arg::IntList(vec![6])];
-    args.extend(geometry(false));
+    args.extend(geometry(false, vec![0, 0]));
     args.push(Arg::IntList(vec![1, 1, 1]));
     let grads = call("aten::convolution_backward", &args);
     let dot = |a: &[f32], b: &[f32]| {
@@ -601,18 +576,17 @@ fn convolution_matches_host_and_its_backward_is_its_adjoint() {
     let lhs = dot(&want, &gy);
     let gx = read(&grads[0]);
     assert_eq!(grads[0].view.sizes, dims(xd));
-    assert!(
-        (lhs - dot(&x, &gx)).abs() < 1e-3 * lhs.abs().max(1.0),
-        "input adjoint {lhs} vs {}",
-        dot(&x, &gx)
-    );
+    let assert_adjoint = |what: &str, a: &[f32], b: &[f32]| {
+        let rhs = dot(a, b);
+        assert!(
+            (lhs - rhs).abs() < 1e-3 * lhs.abs().max(1.0),
+            "{what} adjoint {lhs} vs {rhs}"
+        );
+    };
+    assert_adjoint("input", &x, &gx);
     let gw = read(&grads[1]);
     assert_eq!(grads[1].view.sizes, dims(wd));
-    assert!(
-        (lhs - dot(&w, &gw)).abs() < 1e-3 * lhs.abs().max(1.0),
-        "weight adjoint {lhs} vs {}",
-        dot(&w, &gw)
-    );
+    assert_adjoint("weight", &w, &gw);
     let gb = read(&grads[2]);
     for (o, v) in gb.iter().enumerate() {
         let want: f32 = (0..2)
@@ -624,14 +598,7 @@ fn convolution_matches_host_and_its_backward_is_its_adjoint() {
 
     // A transposed convolution is the input gradient of the standard one.
     let mut args = vec![t(&tgy), t(&tw), Arg::None];
-    args.extend(vec![
-        Arg::IntList(vec![2, 2]),
-        Arg::IntList(vec![1, 1]),
-        Arg::IntList(vec![1, 1]),
-        Arg::Bool(true),
-        Arg::IntList(vec![0, 1]),
-        Arg::Int(2),
-    ]);
+    args.extend(geometry(true, vec![0, 1]));
     let yt = call("aten::convolution", &args);
     assert_eq!(yt[0].view.sizes, dims(xd));
     assert_close(&read(&yt[0]), &gx, 1e-4, 1e-5);
@@ -644,40 +611,25 @@ fn max_pool_picks_first_maxima_and_routes_gradients() {
         1.0, 5.0, 2.0, 0.0, 5.0, 3.0, 7.0, 7.0, 0.0, 1.0, 2.0, 3.0, 4.0, 9.0, 3.0, 8.0,
     ];
     let tx = f32_tensor(&x, &[1, 1, 4, 4]);
-    let out = call(
-        "aten::max_pool2d_with_indices",
-        &[
-            t(&tx),
-            Arg::IntList(vec![2, 2]),
-            Arg::IntList(vec![2, 2]),
-            Arg::IntList(vec![0, 0]),
-            Arg::IntList(vec![1, 1]),
-            Arg::Bool(false),
-        ],
-    );
+    // Kernel, stride, padding, dilation, ceil_mode.
+    let window = [
+        Arg::IntList(vec![2, 2]),
+        Arg::IntList(vec![2, 2]),
+        Arg::IntList(vec![0, 0]),
+        Arg::IntList(vec![1, 1]),
+        Arg::Bool(false),
+    ];
+    let mut args = vec![t(&tx)];
+    args.extend(window.iter().cloned());
+    let out = call("aten::max_pool2d_with_indices", &args);
     assert_close(&read(&out[0]), &[5.0, 7.0, 9.0, 8.0], 0.0, 0.0);
-    let idx: Vec<i64> = out[1]
-        .storage
-        .read_view(&out[1].view)
-        .unwrap()
-        .chunks_exact(8)
-        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
-        .collect();
+    let idx = read_i64(&out[1]);
     assert_eq!(idx, vec![1, 6, 13, 15]);
     let gy = f32_tensor(&[1.0, 2.0, 3.0, 4.0], &[1, 1, 2, 2]);
-    let gx = call(
-        "aten::max_pool2d_with_indices_backward",
-        &[
-            t(&gy),
-            t(&tx),
-            Arg::IntList(vec![2, 2]),
-            Arg::IntList(vec![2, 2]),
-            Arg::IntList(vec![0, 0]),
-            Arg::IntList(vec![1, 1]),
-            Arg::Bool(false),
-            t(&out[1]),
-        ],
-    );
+    let mut args = vec![t(&gy), t(&tx)];
+    args.extend(window);
+    args.push(t(&out[1]));
+    let gx = call("aten::max_pool2d_with_indices_backward", &args);
     let mut want = vec![0f32; 16];
     for (i, &p) in idx.iter().enumerate() {
         want[p as usize] += (i + 1) as f32;
@@ -765,13 +717,7 @@ fn sort_topk_cumsum_and_var() {
     assert_eq!(&v[..3], &[1.0, 2.0, 3.0]);
     assert_eq!(&v[3..5], &[-1.0, 1.0]);
     assert!(v[5].is_nan(), "NaN sorts last ascending");
-    let idx: Vec<i64> = s[1]
-        .storage
-        .read_view(&s[1].view)
-        .unwrap()
-        .chunks_exact(8)
-        .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
-        .collect();
+    let idx = read_i64(&s[1]);
     assert_eq!(idx, vec![1, 2, 0, 2, 0, 1]);
     let k = call(
         "aten::topk",

@@ -4,7 +4,9 @@
 mod common;
 
 use common::{assert_close, f32_bytes, f32s_from, host_matmul, Rng};
-use rtpu_core::runtime::{self, Buffer, Client, CompileOptions, Device, ExecuteOptions};
+use rtpu_core::runtime::{
+    self, Buffer, Client, CompileOptions, Device, ExecuteOptions, LoadedExecutable,
+};
 use rtpu_core::{DType, ErrorCode};
 
 /// fp32 tolerances: XLA's tanh and dot may differ from f64 host math by a few ulps.
@@ -31,8 +33,18 @@ fn download(buffer: &Buffer) -> Vec<f32> {
     f32s_from(&buffer.to_host().unwrap())
 }
 
-fn matmul_tanh(client: &Client) {
-    let mut rng = Rng::fresh("matmul_tanh");
+/// `MATMUL_TANH` compiled, with fresh random inputs `a` (2x3) and `b` (3x2)
+/// on device 0.
+struct MatmulTanh {
+    exe: LoadedExecutable,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    da: Buffer,
+    db: Buffer,
+}
+
+fn compile_matmul_tanh(client: &Client, seed: &str) -> MatmulTanh {
+    let mut rng = Rng::fresh(seed);
     let (a, b) = (rng.f32s(6), rng.f32s(6));
     let device = client.device(0).unwrap();
     let exe = client
@@ -42,6 +54,11 @@ fn matmul_tanh(client: &Client) {
         upload(client, &a, &[2, 3], &device),
         upload(client, &b, &[3, 2], &device),
     );
+    MatmulTanh { exe, a, b, da, db }
+}
+
+fn matmul_tanh(client: &Client) {
+    let MatmulTanh { exe, a, b, da, db } = compile_matmul_tanh(client, "matmul_tanh");
     let out = exe
         .execute(&[&[&da, &db]], &ExecuteOptions::default())
         .unwrap();
@@ -198,16 +215,7 @@ fn spmd_partitioned_matches_unpartitioned(client: &Client) {
 }
 
 fn serialize_round_trip(client: &Client) {
-    let mut rng = Rng::fresh("serialize");
-    let (a, b) = (rng.f32s(6), rng.f32s(6));
-    let device = client.device(0).unwrap();
-    let exe = client
-        .compile(MATMUL_TANH, &CompileOptions::default())
-        .unwrap();
-    let (da, db) = (
-        upload(client, &a, &[2, 3], &device),
-        upload(client, &b, &[3, 2], &device),
-    );
+    let MatmulTanh { exe, da, db, .. } = compile_matmul_tanh(client, "serialize");
     let want = download(
         &exe.execute(&[&[&da, &db]], &ExecuteOptions::default())
             .unwrap()[0][0],

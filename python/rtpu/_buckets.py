@@ -735,17 +735,28 @@ def true_sizes(plan: Plan, args: tuple) -> dict:
 
 
 def pad_inputs(plan: Plan, args: tuple, sizes: Sizes) -> list:
-    padded = []
-    for name, kind, arg in zip(plan.input_names, plan.inputs, args):
-        if name in plan.arrive_padded:
-            padded.append(arg)
-        elif _any_padded(kind) and sizes.padding:
-            padded.append(_pad(arg, kind, sizes))
+    """Inputs padded to the bucket, but for those that arrive padded."""
+    return _resized(plan.input_names, plan.inputs, args, plan.arrive_padded, sizes, padded=True)
+
+
+def _resized(
+    names: list, kinds: list, values: Any, keep: set[str], sizes: Sizes, padded: bool
+) -> list:
+    """Each value with a padded dim padded to the bucket (`padded`) or cut
+    back to its true size, and each size evaluated likewise; values named in
+    `keep` stay as they are."""
+    resize = _pad if padded else _cut
+    out = []
+    for name, kind, value in zip(names, kinds, values):
+        if name in keep:
+            out.append(value)
+        elif isinstance(value, torch.Tensor) and _any_padded(kind) and sizes.padding:
+            out.append(resize(value, kind, sizes))
         elif isinstance(kind, sympy.Expr):
-            padded.append(sizes.evaluate(kind, padded=True))
+            out.append(sizes.evaluate(kind, padded=padded))
         else:
-            padded.append(arg)
-    return padded
+            out.append(value)
+    return out
 
 
 def _atom_shapes(dims: Dims, sizes: Sizes, padded: bool) -> list[int]:
@@ -773,17 +784,7 @@ def padded_outputs(plan: Plan, first: int) -> set[str]:
 
 def cut_outputs(plan: Plan, outputs: list, sizes: Sizes, keep_padded: set[str]) -> list:
     """Outputs cut back to the true sizes, but for those named in keep_padded."""
-    cut = []
-    for name, kind, out in zip(plan.output_names, plan.outputs, outputs):
-        if name in keep_padded:
-            cut.append(out)
-        elif isinstance(out, torch.Tensor) and _any_padded(kind) and sizes.padding:
-            cut.append(_cut(out, kind, sizes))
-        elif isinstance(kind, sympy.Expr):
-            cut.append(sizes.evaluate(kind, padded=False))
-        else:
-            cut.append(out)
-    return cut
+    return _resized(plan.output_names, plan.outputs, outputs, keep_padded, sizes, padded=False)
 
 
 def _cut(tensor: torch.Tensor, dims: Dims, sizes: Sizes) -> torch.Tensor:

@@ -223,18 +223,19 @@ class ProcessGroupTpu(ProcessGroup):
     # ----- collectives ----------------------------------------------------
 
     def allreduce(self, tensors, opts=AllreduceOptions()):
-        self._agree("allreduce", tensors, opts)
-        opts, divide_by = _host_options(opts, self.size())
-        staged = _Staged(divide_by)
-        host = [staged.write(t) for t in tensors]
-        return staged.finish(self._host.allreduce(host, opts), tensors)
+        return self._reduce_staged("allreduce", self._host.allreduce, tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=AllreduceCoalescedOptions()):
-        self._agree("allreduce_coalesced", tensors, opts)
+        return self._reduce_staged("allreduce_coalesced", self._host.allreduce_coalesced, tensors, opts)
+
+    def _reduce_staged(self, name, host_collective, tensors, opts):
+        """gloo's `host_collective` on host copies of `tensors`, written back
+        (and averaged, for AVG) when it finishes."""
+        self._agree(name, tensors, opts)
         opts, divide_by = _host_options(opts, self.size())
         staged = _Staged(divide_by)
         host = [staged.write(t) for t in tensors]
-        return staged.finish(self._host.allreduce_coalesced(host, opts), tensors)
+        return staged.finish(host_collective(host, opts), tensors)
 
     def broadcast(self, tensors, opts=BroadcastOptions()):
         self._agree("broadcast", tensors, opts, f"root {opts.rootRank}")

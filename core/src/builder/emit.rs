@@ -617,11 +617,7 @@ impl<'a> Builder<'a> {
 
 /// Host bytes of a scalar converted to `dtype` (PyTorch's scalar casts).
 fn scalar_bytes(literal: Literal, dtype: DType) -> Vec<u8> {
-    let f = match literal {
-        Literal::Float(x) => x,
-        Literal::Int(x) => x as f64,
-        Literal::Bool(x) => x as i64 as f64,
-    };
+    let f = literal.as_f64();
     let i = match literal {
         Literal::Float(x) => x as i64,
         Literal::Int(x) => x,

@@ -4,7 +4,9 @@
 use super::{Collective, ReduceOp};
 use crate::dtype::{Category, DType};
 use crate::error::Result;
-use crate::ir::{self, BinaryOp, CompareDir, Graph, Literal, Node, TensorType, ValueId};
+use crate::ir::{
+    self, BinaryOp, CollectiveOp, CompareDir, Graph, Literal, Node, TensorType, ValueId,
+};
 use crate::lower::lower;
 use crate::runtime::{Client, CompileOptions, LoadedExecutable};
 
@@ -78,16 +80,18 @@ fn graph(collective: Collective, dtype: DType, stored: &[i64], dims: &[i64], siz
         g.nodes.push((node, ty));
         g.nodes.len() - 1
     };
+    // One collective over all the ranks.
+    let over_ranks = |op: CollectiveOp, operand: ValueId| Node::Collective {
+        op,
+        operand,
+        groups: groups.clone(),
+    };
     if collective == Collective::Barrier {
         let scalar = TensorType::new(DType::I32, &[]);
         let zero = push(&mut g, Node::Constant(Literal::Int(0)), scalar.clone());
         let all = push(
             &mut g,
-            Node::AllReduce {
-                operand: zero,
-                op: ir::ReduceOp::Sum,
-                groups,
-            },
+            over_ranks(CollectiveOp::AllReduce(ir::ReduceOp::Sum), zero),
             scalar,
         );
         g.outputs = vec![all];
@@ -111,11 +115,7 @@ fn graph(collective: Collective, dtype: DType, stored: &[i64], dims: &[i64], siz
         Collective::AllReduce(op) => {
             let sum = push(
                 &mut g,
-                Node::AllReduce {
-                    operand: x,
-                    op: reduce_op(op),
-                    groups,
-                },
+                over_ranks(CollectiveOp::AllReduce(reduce_op(op)), x),
                 ty.clone(),
             );
             average(&mut g, &mut push, op, sum, &ty, size)
@@ -124,32 +124,25 @@ fn graph(collective: Collective, dtype: DType, stored: &[i64], dims: &[i64], siz
             let piece = rows(size as i64, true);
             let sum = push(
                 &mut g,
-                Node::ReduceScatter {
-                    operand: x,
-                    op: reduce_op(op),
-                    dim: 0,
-                    groups,
-                },
+                over_ranks(
+                    CollectiveOp::ReduceScatter {
+                        op: reduce_op(op),
+                        dim: 0,
+                    },
+                    x,
+                ),
                 piece.clone(),
             );
             average(&mut g, &mut push, op, sum, &piece, size)
         }
         Collective::AllGather => push(
             &mut g,
-            Node::AllGather {
-                operand: x,
-                dim: 0,
-                groups,
-            },
+            over_ranks(CollectiveOp::AllGather { dim: 0 }, x),
             rows(size as i64, false),
         ),
         Collective::AllToAll => push(
             &mut g,
-            Node::AllToAll {
-                operand: x,
-                dim: 0,
-                groups,
-            },
+            over_ranks(CollectiveOp::AllToAll { dim: 0 }, x),
             ty.clone(),
         ),
         // StableHLO's collective_broadcast is not supported on the CPU
@@ -184,11 +177,7 @@ fn graph(collective: Collective, dtype: DType, stored: &[i64], dims: &[i64], siz
             );
             push(
                 &mut g,
-                Node::AllReduce {
-                    operand: mine,
-                    op: ir::ReduceOp::Sum,
-                    groups,
-                },
+                over_ranks(CollectiveOp::AllReduce(ir::ReduceOp::Sum), mine),
                 ty.clone(),
             )
         }

@@ -2,7 +2,6 @@
 //! results are installed; in deferred mode it is recorded instead.
 
 use std::collections::{HashMap, HashSet};
-use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -13,17 +12,18 @@ use crate::error::{Error, Result};
 use crate::ir::{Graph, Node, TensorType};
 use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client, ExecuteOptions};
-use crate::storage::{self, Storage, View};
+use crate::storage::{self, ElementRead, Storage, View};
 
-/// Elements `[start, end)` of `buffer` (flat `dtype` elements) on the
-/// host: a program slices them out on the device, so only they are copied.
-pub(super) fn read_elements(
-    client: &Client,
-    device_index: usize,
-    buffer: &Arc<Buffer>,
-    dtype: DType,
-    elements: Range<usize>,
-) -> Result<Vec<u8>> {
+/// The elements `read` names on the host: a program slices them out on the
+/// device, so only they are copied.
+pub(super) fn read_elements(read: ElementRead<'_>) -> Result<Vec<u8>> {
+    let ElementRead {
+        client,
+        device_index,
+        buffer,
+        dtype,
+        elements,
+    } = read;
     let dims = buffer.dims()?;
     let count: i64 = dims.iter().product();
     let flat = TensorType::new(dtype, &[count]);

@@ -15,18 +15,15 @@ pub mod mode;
 mod spmd;
 pub mod work;
 
-use std::ops::Range;
-use std::sync::Arc;
 use std::time::Instant;
 
 use crate::builder::Builder;
 pub use crate::builder::{Arg, Output, TensorArg};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metric};
 use crate::ops;
-use crate::runtime::{Buffer, Client};
-use crate::storage::{self, PendingWork};
+use crate::runtime::Client;
+use crate::storage::{self, ElementRead, PendingWork};
 
 pub(crate) use eager::host_input;
 
@@ -46,15 +43,8 @@ impl PendingWork for EngineWork {
         checks::verify_checks()
     }
 
-    fn read_elements(
-        &self,
-        client: &Client,
-        device_index: usize,
-        buffer: &Arc<Buffer>,
-        dtype: DType,
-        elements: Range<usize>,
-    ) -> Result<Vec<u8>> {
-        eager::read_elements(client, device_index, buffer, dtype, elements)
+    fn read_elements(&self, read: ElementRead<'_>) -> Result<Vec<u8>> {
+        eager::read_elements(read)
     }
 }
 

@@ -13,30 +13,8 @@ use crate::ir::{BinaryOp, CompareDir, Literal, UnaryOp, ValueId};
 /// Unary float functions; integer and bool inputs compute in float32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Unary {
-    Exp,
-    Log,
-    Sqrt,
-    Rsqrt,
-    Tanh,
-    Sigmoid,
-    Erf,
-    Erfc,
-    ErfInv,
-    Lgamma,
-    Digamma,
-    Log1p,
-    Expm1,
-    Sin,
-    Cos,
-    Tan,
-    Atan,
-    Asin,
-    Acos,
-    Sinh,
-    Cosh,
-    Asinh,
-    Acosh,
-    Atanh,
+    /// A function StableHLO has as an op.
+    Xla(UnaryOp),
     Log2,
     Log10,
     Reciprocal,
@@ -53,32 +31,15 @@ impl Unary {
     /// Whether the lowering computes complex inputs (in their dtype).
     fn takes_complex(self) -> bool {
         use Unary::*;
-        matches!(
-            self,
-            Exp | Log
-                | Sqrt
-                | Rsqrt
-                | Tanh
-                | Sigmoid
-                | Log1p
-                | Expm1
-                | Sin
-                | Cos
-                | Tan
-                | Atan
-                | Asin
-                | Acos
-                | Sinh
-                | Cosh
-                | Asinh
-                | Acosh
-                | Atanh
-                | Log2
-                | Log10
-                | Reciprocal
-                | Exp2
-                | Angle
-        )
+        match self {
+            // XLA's special functions are defined on reals only.
+            Xla(op) => !matches!(
+                op,
+                UnaryOp::Erf | UnaryOp::Erfc | UnaryOp::ErfInv | UnaryOp::Lgamma | UnaryOp::Digamma
+            ),
+            Log2 | Log10 | Reciprocal | Exp2 | Angle => true,
+            Sinc | Ndtri | Entr | Hardsigmoid | Mish => false,
+        }
     }
 
     /// Composite formulas compute 16-bit floats in float32 and round once.
@@ -93,36 +54,13 @@ impl Unary {
 
 /// `f(x)` for a float `x`.
 fn apply(b: &mut Builder, f: Unary, x: ValueId) -> Result<ValueId> {
-    let dims = b.dims(x);
-    let dtype = b.dtype(x);
-    let op = match f {
-        Unary::Exp => UnaryOp::Exp,
-        Unary::Log => UnaryOp::Log,
-        Unary::Sqrt => UnaryOp::Sqrt,
-        Unary::Rsqrt => UnaryOp::Rsqrt,
-        Unary::Tanh => UnaryOp::Tanh,
-        Unary::Sigmoid => UnaryOp::Logistic,
-        Unary::Erf => UnaryOp::Erf,
-        Unary::Erfc => UnaryOp::Erfc,
-        Unary::ErfInv => UnaryOp::ErfInv,
-        Unary::Lgamma => UnaryOp::Lgamma,
-        Unary::Digamma => UnaryOp::Digamma,
-        Unary::Log1p => UnaryOp::Log1p,
-        Unary::Expm1 => UnaryOp::Expm1,
-        Unary::Sin => UnaryOp::Sin,
-        Unary::Cos => UnaryOp::Cos,
-        Unary::Tan => UnaryOp::Tan,
-        Unary::Atan => UnaryOp::Atan,
-        Unary::Asin => UnaryOp::Asin,
-        Unary::Acos => UnaryOp::Acos,
-        Unary::Sinh => UnaryOp::Sinh,
-        Unary::Cosh => UnaryOp::Cosh,
-        Unary::Asinh => UnaryOp::Asinh,
-        Unary::Acosh => UnaryOp::Acosh,
-        Unary::Atanh => UnaryOp::Atanh,
-        composite => return composite_unary(b, composite, x, dtype, &dims),
-    };
-    Ok(b.unary(op, x))
+    match f {
+        Unary::Xla(op) => Ok(b.unary(op, x)),
+        composite => {
+            let (dtype, dims) = (b.dtype(x), b.dims(x));
+            composite_unary(b, composite, x, dtype, &dims)
+        }
+    }
 }
 
 /// The functions that are formulas over IR ops.
@@ -201,8 +139,7 @@ fn composite_unary(
             let six = b.float_like(6.0, x);
             b.div(t, six)?
         }
-        // Mish: the other functions are IR ops, lowered by `apply`.
-        _ => {
+        Unary::Mish => {
             let e = b.unary(UnaryOp::Exp, x);
             let sp = b.unary(UnaryOp::Log1p, e);
             // softplus(x) = x for large x (exp overflows).
@@ -212,6 +149,7 @@ fn composite_unary(
             let t = b.unary(UnaryOp::Tanh, sp);
             b.mul(x, t)?
         }
+        Unary::Xla(op) => b.unary(op, x),
     })
 }
 
@@ -358,17 +296,17 @@ fn abs(b: &mut Builder, x: ValueId) -> Result<ValueId> {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Not {
+enum Negation {
     /// bitwise_not: integers and bool.
     Bitwise,
     /// logical_not: to bool.
     Logical,
 }
 
-fn not(b: &mut Builder, kind: Not, form: Form) -> Result<()> {
+fn not(b: &mut Builder, kind: Negation, form: Form) -> Result<()> {
     let x = b.tensor(0)?;
     let dtype = b.dtype(x);
-    let out = if kind == Not::Logical {
+    let out = if kind == Negation::Logical {
         let as_bool = b.convert(x, DType::Bool);
         let n = b.unary(UnaryOp::Not, as_bool);
         if form == Form::InPlace {
@@ -472,34 +410,35 @@ fn round_decimals(b: &mut Builder, form: Form) -> Result<()> {
 pub(super) fn ops() -> Vec<OpDef> {
     use Form::Functional as F;
     use Unary::*;
+    use UnaryOp::*;
     let mut ops = vec![
         op!("aten::relu", same_unary(relu, F)),
         op!("aten::relu_", same_unary(relu, Form::InPlace)),
     ];
-    ops.extend(forms!("aten::exp", float_unary(Exp)));
-    ops.extend(forms!("aten::log", float_unary(Log)));
-    ops.extend(forms!("aten::sqrt", float_unary(Sqrt)));
-    ops.extend(forms!("aten::rsqrt", float_unary(Rsqrt)));
-    ops.extend(forms!("aten::tanh", float_unary(Tanh)));
-    ops.extend(forms!("aten::sigmoid", float_unary(Sigmoid)));
-    ops.extend(forms!("aten::erf", float_unary(Erf)));
-    ops.extend(forms!("aten::erfc", float_unary(Erfc)));
-    ops.extend(forms!("aten::erfinv", float_unary(ErfInv)));
-    ops.extend(forms!("aten::lgamma", float_unary(Lgamma)));
-    ops.extend(forms!("aten::digamma", float_unary(Digamma)));
-    ops.extend(forms!("aten::log1p", float_unary(Log1p)));
-    ops.extend(forms!("aten::expm1", float_unary(Expm1)));
-    ops.extend(forms!("aten::sin", float_unary(Sin)));
-    ops.extend(forms!("aten::cos", float_unary(Cos)));
-    ops.extend(forms!("aten::tan", float_unary(Tan)));
-    ops.extend(forms!("aten::atan", float_unary(Atan)));
-    ops.extend(forms!("aten::asin", float_unary(Asin)));
-    ops.extend(forms!("aten::acos", float_unary(Acos)));
-    ops.extend(forms!("aten::sinh", float_unary(Sinh)));
-    ops.extend(forms!("aten::cosh", float_unary(Cosh)));
-    ops.extend(forms!("aten::asinh", float_unary(Asinh)));
-    ops.extend(forms!("aten::acosh", float_unary(Acosh)));
-    ops.extend(forms!("aten::atanh", float_unary(Atanh)));
+    ops.extend(forms!("aten::exp", float_unary(Xla(Exp))));
+    ops.extend(forms!("aten::log", float_unary(Xla(Log))));
+    ops.extend(forms!("aten::sqrt", float_unary(Xla(Sqrt))));
+    ops.extend(forms!("aten::rsqrt", float_unary(Xla(Rsqrt))));
+    ops.extend(forms!("aten::tanh", float_unary(Xla(Tanh))));
+    ops.extend(forms!("aten::sigmoid", float_unary(Xla(Logistic))));
+    ops.extend(forms!("aten::erf", float_unary(Xla(Erf))));
+    ops.extend(forms!("aten::erfc", float_unary(Xla(Erfc))));
+    ops.extend(forms!("aten::erfinv", float_unary(Xla(ErfInv))));
+    ops.extend(forms!("aten::lgamma", float_unary(Xla(Lgamma))));
+    ops.extend(forms!("aten::digamma", float_unary(Xla(Digamma))));
+    ops.extend(forms!("aten::log1p", float_unary(Xla(Log1p))));
+    ops.extend(forms!("aten::expm1", float_unary(Xla(Expm1))));
+    ops.extend(forms!("aten::sin", float_unary(Xla(Sin))));
+    ops.extend(forms!("aten::cos", float_unary(Xla(Cos))));
+    ops.extend(forms!("aten::tan", float_unary(Xla(Tan))));
+    ops.extend(forms!("aten::atan", float_unary(Xla(Atan))));
+    ops.extend(forms!("aten::asin", float_unary(Xla(Asin))));
+    ops.extend(forms!("aten::acos", float_unary(Xla(Acos))));
+    ops.extend(forms!("aten::sinh", float_unary(Xla(Sinh))));
+    ops.extend(forms!("aten::cosh", float_unary(Xla(Cosh))));
+    ops.extend(forms!("aten::asinh", float_unary(Xla(Asinh))));
+    ops.extend(forms!("aten::acosh", float_unary(Xla(Acosh))));
+    ops.extend(forms!("aten::atanh", float_unary(Xla(Atanh))));
     ops.extend(forms!("aten::log2", float_unary(Log2)));
     ops.extend(forms!("aten::log10", float_unary(Log10)));
     ops.extend(forms!("aten::reciprocal", float_unary(Reciprocal)));
@@ -520,8 +459,8 @@ pub(super) fn ops() -> Vec<OpDef> {
     ops.extend(overloads!("aten::round", ["decimals"], round_decimals()));
     ops.extend(forms!("aten::neg", same_unary(neg)));
     ops.extend(forms!("aten::abs", same_unary(abs)));
-    ops.extend(forms!("aten::bitwise_not", not(Not::Bitwise)));
-    ops.extend(forms!("aten::logical_not", not(Not::Logical)));
+    ops.extend(forms!("aten::bitwise_not", not(Negation::Bitwise)));
+    ops.extend(forms!("aten::logical_not", not(Negation::Logical)));
     ops.extend(forms!("aten::nan_to_num", nan_to_num()));
     ops.extend(forms!("aten::logit", logit()));
     ops

@@ -36,16 +36,18 @@ pub trait PendingWork: Sync {
     /// Raises the failure of a device-side check of a graph that already
     /// ran (whose outputs a host read could otherwise see).
     fn verify_checks(&self) -> Result<()>;
-    /// Elements `[start, start + count)` of `buffer` (read as flat `dtype`
-    /// elements) on the host, copying only those.
-    fn read_elements(
-        &self,
-        client: &Client,
-        device_index: usize,
-        buffer: &Arc<Buffer>,
-        dtype: DType,
-        elements: Range<usize>,
-    ) -> Result<Vec<u8>>;
+    /// The elements `read` names on the host, copying only those.
+    fn read_elements(&self, read: ElementRead<'_>) -> Result<Vec<u8>>;
+}
+
+/// Elements `[start, end)` of one device buffer, read as flat `dtype`
+/// elements.
+pub struct ElementRead<'a> {
+    pub client: &'a Client,
+    pub device_index: usize,
+    pub buffer: &'a Arc<Buffer>,
+    pub dtype: DType,
+    pub elements: Range<usize>,
 }
 
 static PENDING_WORK: OnceLock<&'static dyn PendingWork> = OnceLock::new();
@@ -368,7 +370,13 @@ impl Storage {
                             && wanted.len() * 4 <= nbytes =>
                     {
                         metrics::add(Metric::DeviceToHostBytes, wanted.len() as u64);
-                        work.read_elements(&self.client, self.device_index, &buffer, dtype, range)
+                        work.read_elements(ElementRead {
+                            client: &self.client,
+                            device_index: self.device_index,
+                            buffer: &buffer,
+                            dtype,
+                            elements: range,
+                        })
                     }
                     _ => {
                         metrics::add(Metric::DeviceToHostBytes, nbytes as u64);
