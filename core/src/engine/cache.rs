@@ -111,10 +111,7 @@ fn max_memory_entries() -> usize {
 
 fn memory() -> MutexGuard<'static, MemoryCache> {
     static MEMORY: OnceLock<Mutex<MemoryCache>> = OnceLock::new();
-    MEMORY
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    super::global(&MEMORY)
 }
 
 /// The key of a graph in memory, computed on every op call: the multiply-
@@ -330,10 +327,7 @@ pub fn set_recompile_limit(limit: Option<u64>) {
 
 fn sites() -> MutexGuard<'static, HashMap<u32, Vec<Summary>>> {
     static SITES: OnceLock<Mutex<HashMap<u32, Vec<Summary>>>> = OnceLock::new();
-    SITES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    super::global(&SITES)
 }
 
 fn remember(p: &Provenance<'_>, graph: &Graph) {

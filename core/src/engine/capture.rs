@@ -7,19 +7,18 @@
 //! values in place.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Instant;
 
 use super::checks::{self, OnFailure};
 use super::deferred::{self, CapturedOutput, RecordedOp, SplicedParam};
 use super::launch::Source;
 use super::location;
 use super::mode::{self, Mode};
-use super::{host_input, work, Output, TensorArg};
+use super::{host_input, launch, Output, TensorArg};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ir::Graph;
 use crate::metrics::{self, Metric};
-use crate::runtime::{Buffer, Client, ExecuteOptions, LoadedExecutable};
+use crate::runtime::{Buffer, Client, LoadedExecutable};
 use crate::storage::{Storage, StorageValue, View};
 
 /// What feeds a parameter of a captured program.
@@ -90,10 +89,7 @@ struct Capture {
 
 fn capture() -> MutexGuard<'static, Option<Capture>> {
     static CAPTURE: OnceLock<Mutex<Option<Capture>>> = OnceLock::new();
-    CAPTURE
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    super::global(&CAPTURE)
 }
 
 /// Starts recording a graph of `inputs` (on one device). What was pending
@@ -442,21 +438,8 @@ impl CapturedGraph {
                 )?,
             });
         }
-        let arg_refs: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
-        let start = Instant::now();
-        let results = exe.execute(
-            &[&arg_refs],
-            &ExecuteOptions {
-                donate: Vec::new(),
-                asynchronous: true,
-            },
-        );
-        metrics::add_elapsed(Metric::ExecuteNs, start);
+        let mut buffers = launch::launch(&self.client, self.device_index, exe, &args, &[])?;
         metrics::add(Metric::GraphExecutions, 1);
-        let mut buffers = results?.into_iter().next().unwrap_or_default();
-        if let Some(output) = buffers.first() {
-            work::launched(&self.client, self.device_index, output, Vec::new())?;
-        }
         if buffers.len() != self.written.len() + self.checks.len() {
             return Err(Error::invalid(
                 "outputs of a captured graph",

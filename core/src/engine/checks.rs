@@ -142,10 +142,7 @@ struct PendingCheck {
 
 fn pending_checks() -> MutexGuard<'static, Vec<PendingCheck>> {
     static CHECKS: OnceLock<Mutex<Vec<PendingCheck>>> = OnceLock::new();
-    CHECKS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    super::global(&CHECKS)
 }
 
 /// Reads the flags of graphs that ran with device-side checks (waiting for

@@ -103,10 +103,7 @@ struct PendingGraph {
 
 fn pending() -> MutexGuard<'static, Vec<PendingGraph>> {
     static PENDING: OnceLock<Mutex<Vec<PendingGraph>>> = OnceLock::new();
-    PENDING
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    super::global(&PENDING)
 }
 
 fn storage_key(storage: &Arc<Storage>) -> usize {

@@ -3,15 +3,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
 
-use super::{cache, deferred, launch, work};
+use super::{cache, deferred, launch};
 use crate::builder::{Builder, Mode, Output, ParamSource, PendingOutput};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, Node, TensorType};
 use crate::metrics::{self, Metric};
-use crate::runtime::{Buffer, Client, ExecuteOptions};
+use crate::runtime::{Buffer, Client};
 use crate::storage::{self, ElementRead, Storage, View};
 
 /// The elements `read` names on the host: a program slices them out on the
@@ -171,22 +170,7 @@ pub(super) fn run(mut b: Builder) -> Result<Vec<Output>> {
             }
         });
     }
-    let args: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
-    let start = Instant::now();
-    let launched = exe.execute(
-        &[&args],
-        // Later reads wait for the values; the host goes on meanwhile.
-        &ExecuteOptions {
-            donate: Vec::new(),
-            asynchronous: true,
-        },
-    );
-    metrics::add_elapsed(Metric::ExecuteNs, start);
-    let results = launched?.into_iter().next().unwrap_or_default();
-    if let Some(output) = results.first() {
-        work::launched(b.client, device_index, output, Vec::new())?;
-    }
-    let mut results = results.into_iter();
+    let mut results = launch::launch(b.client, device_index, &exe, &args, &[])?.into_iter();
 
     let mut outputs = Vec::with_capacity(b.outputs.len());
     for out in &b.outputs {

@@ -55,29 +55,8 @@ pub(super) fn execute(
             }
         });
     }
-    let args: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
-    let start = Instant::now();
-    let results = exe.execute(
-        &[&args],
-        &ExecuteOptions {
-            donate: graph.donors.clone(),
-            asynchronous: true,
-        },
-    );
-    metrics::add_elapsed(Metric::ExecuteNs, start);
+    let buffers = launch(client, device_index, &exe, &args, &graph.donors)?;
     metrics::add(Metric::GraphExecutions, 1);
-    let buffers = results?.into_iter().next().unwrap_or_default();
-    if let Some(output) = buffers.first() {
-        let donated = graph
-            .donors
-            .iter()
-            .filter_map(|&d| match &sources[kept[d]] {
-                Source::Buffer(buffer) => Some(buffer.clone()),
-                _ => None,
-            })
-            .collect();
-        work::launched(client, device_index, output, donated)?;
-    }
     metrics::add(Metric::BuffersDonated, graph.donors.len() as u64);
     if buffers.len() != graph.outputs.len() {
         return Err(Error::invalid(
@@ -87,4 +66,33 @@ pub(super) fn execute(
         ));
     }
     Ok((exe, buffers))
+}
+
+/// Enqueues `exe` on `device_index` with `args`, donating those at the
+/// indices `donate`, without waiting: later reads wait for the values and
+/// the host goes on meanwhile. `work` keeps the donated buffers until the
+/// program has run (dropping them sooner would wait for it).
+pub(super) fn launch(
+    client: &Client,
+    device_index: usize,
+    exe: &LoadedExecutable,
+    args: &[Arc<Buffer>],
+    donate: &[usize],
+) -> Result<Vec<Buffer>> {
+    let refs: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
+    let start = Instant::now();
+    let results = exe.execute(
+        &[&refs],
+        &ExecuteOptions {
+            donate: donate.to_vec(),
+            asynchronous: true,
+        },
+    );
+    metrics::add_elapsed(Metric::ExecuteNs, start);
+    let buffers = results?.into_iter().next().unwrap_or_default();
+    if let Some(output) = buffers.first() {
+        let donated = donate.iter().map(|&d| args[d].clone()).collect();
+        work::launched(client, device_index, output, donated)?;
+    }
+    Ok(buffers)
 }

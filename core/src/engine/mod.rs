@@ -15,6 +15,7 @@ pub mod mode;
 mod spmd;
 pub mod work;
 
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use crate::builder::Builder;
@@ -46,6 +47,14 @@ impl PendingWork for EngineWork {
     fn read_elements(&self, read: ElementRead<'_>) -> Result<Vec<u8>> {
         eager::read_elements(read)
     }
+}
+
+/// The engine state `cell` holds for the whole process, made on first use.
+/// A panic while it was held does not poison it for later calls.
+fn global<T: Default>(cell: &'static OnceLock<Mutex<T>>) -> MutexGuard<'static, T> {
+    cell.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
 }
 
 /// Called by the entries that can make pending values, captures or device

@@ -45,10 +45,7 @@ type InFlight = HashMap<(usize, usize), Vec<Arc<Launch>>>;
 
 fn in_flight() -> MutexGuard<'static, InFlight> {
     static IN_FLIGHT: OnceLock<Mutex<InFlight>> = OnceLock::new();
-    IN_FLIGHT
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    super::global(&IN_FLIGHT)
 }
 
 /// Registers a program just launched on `device_index` of `client`, which

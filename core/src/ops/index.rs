@@ -384,27 +384,37 @@ pub(super) fn flat_indices(
     flat_positions(b, x_dims, out_dims, dim, index_value)
 }
 
-fn index_select(b: &mut Builder) -> Result<()> {
-    let x_view = b.tensor_arg(0)?.view.clone();
-    let index_view = b.tensor_arg(2)?.view.clone();
-    if index_view.sizes.len() > 1 {
-        return Err(b.arg_error(
-            2,
-            "a 0-D or 1-D index",
-            format!("{}-D", index_view.sizes.len()),
-        ));
+/// Flat positions in self (sizes `dims`) of every element of a block that
+/// has self's shape except `index.len()` along `d`, placed at the indices
+/// of argument 2 (checked on the device, negatives wrapped), so a graph
+/// with index_copy_ (a static KV cache) needs no host read. Returns
+/// (positions, block dims).
+pub(super) fn along_positions(
+    b: &mut Builder,
+    dims: &[i64],
+    d: usize,
+) -> Result<(ValueId, Vec<i64>)> {
+    let index = b.tensor_arg(2)?.view.clone();
+    if index.sizes.len() > 1 {
+        return Err(b.arg_error(2, "a 0-D or 1-D index", format!("sizes {:?}", index.sizes)));
     }
-    let x_dims = at_least_1d(&x_view.sizes);
-    let dim = wrap_dim(b, b.int_arg(1)?, x_view.sizes.len())?;
-    check_indices(b, 2, x_dims[dim])?;
-    let count = index_view.numel() as i64;
-    let mut out_dims = x_dims.clone();
-    out_dims[dim] = count;
+    check_indices(b, 2, dims[d])?;
+    let k = index.numel() as i64;
+    let mut upd_dims = dims.to_vec();
+    upd_dims[d] = k;
     let idx = b.tensor(2)?;
     let idx = b.convert(idx, DType::I64);
-    let idx = b.reshape(idx, &[count])?;
-    let idx = b.broadcast_in_dim(idx, &out_dims, &[dim as i64]);
-    let flat_index = flat_indices(b, &x_dims, &out_dims, dim, idx)?;
+    let idx = b.reshape(idx, &[k])?;
+    let idx = b.broadcast_in_dim(idx, &upd_dims, &[d as i64]);
+    let flat = flat_indices(b, dims, &upd_dims, d, idx)?;
+    Ok((flat, upd_dims))
+}
+
+fn index_select(b: &mut Builder) -> Result<()> {
+    let x_view = b.tensor_arg(0)?.view.clone();
+    let x_dims = at_least_1d(&x_view.sizes);
+    let dim = wrap_dim(b, b.int_arg(1)?, x_view.sizes.len())?;
+    let (flat_index, out_dims) = along_positions(b, &x_dims, dim)?;
     let x = b.tensor(0)?;
     let flat = b.reshape(x, &[x_view.numel() as i64])?;
     let out = b.flat_gather(flat, flat_index);

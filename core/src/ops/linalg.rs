@@ -3,8 +3,7 @@
 
 use super::{
     accumulate_dtype, all_dims, binary_operands, broadcast_scalar, ensure, finish, is_float,
-    keep_dims, reduce_dims, reduce_extreme, reduced, require_float, wrap_dim, wrap_dims, Arith,
-    Form, OpDef,
+    keep_dims, reduce_dims, reduce_extreme, require_float, wrap_dim, wrap_dims, Arith, Form, OpDef,
 };
 use crate::builder::{Arg, Builder};
 use crate::dtype::{Category, DType};
@@ -224,40 +223,7 @@ fn vector_norm(b: &mut Builder) -> Result<()> {
     let ord = b.float_arg(1)?;
     let dims = reduce_dims(b, 2, view.sizes.len())?;
     let keepdim = b.bool_arg(3)?;
-    let x = b.tensor(0)?;
-    let x = b.convert(x, dtype);
-    let a = b.unary(UnaryOp::Abs, x);
-    let out = if ord.is_infinite() {
-        let op = if ord > 0.0 {
-            ReduceOp::Max
-        } else {
-            ReduceOp::Min
-        };
-        let m = reduce_extreme(b, a, op, &dims)?;
-        keep_dims(b, m, &view.sizes, &dims, keepdim)?
-    } else if ord == 0.0 {
-        let zero = b.constant(Literal::Int(0), dtype, &view.sizes);
-        let nz = b.compare(CompareDir::Ne, a, zero)?;
-        let nz = b.convert(nz, dtype);
-        reduced(b, nz, ReduceOp::Sum, &dims, keepdim, &view.sizes)?
-    } else if ord == 1.0 {
-        reduced(b, a, ReduceOp::Sum, &dims, keepdim, &view.sizes)?
-    } else if ord == 2.0 {
-        let sq = b.binary(BinaryOp::Mul, a, a)?;
-        let s = reduced(b, sq, ReduceOp::Sum, &dims, keepdim, &view.sizes)?;
-        b.unary(UnaryOp::Sqrt, s)
-    } else {
-        let p = b.scalar_arg(1, dtype)?;
-        let pb = b.broadcast_to(p, &view.sizes)?;
-        let powered = b.binary(BinaryOp::Pow, a, pb)?;
-        let s = reduced(b, powered, ReduceOp::Sum, &dims, keepdim, &view.sizes)?;
-        let sd = b.dims(s);
-        let one = b.constant(Literal::Int(1), dtype, &sd);
-        let pb = b.broadcast_to(p, &sd)?;
-        let inv = b.binary(BinaryOp::Div, one, pb)?;
-        b.binary(BinaryOp::Pow, s, inv)?
-    };
-    b.output(out)
+    p_norm(b, ord, &dims, keepdim, dtype)
 }
 
 /// norm.ScalarOpt_dim(self, p?, dim, keepdim) and friends: the vector
@@ -290,37 +256,44 @@ fn norm(b: &mut Builder, dim_index: Option<usize>, dtype_index: Option<usize>) -
         .map(|i| b.bool_arg(i + 1))
         .transpose()?
         .unwrap_or(false);
-    let acc = accumulate_dtype(dtype);
+    p_norm(b, p, &dims, keepdim, dtype)
+}
+
+/// Outputs the vector p-norm of argument 0 over `dims` as `dtype`,
+/// accumulated in float32 or wider.
+fn p_norm(b: &mut Builder, p: f64, dims: &[i64], keepdim: bool, dtype: DType) -> Result<()> {
+    let sizes = b.tensor_arg(0)?.view.sizes.clone();
     let x = b.tensor(0)?;
-    let x = b.convert(x, acc);
+    let x = b.convert(x, accumulate_dtype(dtype));
     let a = b.unary(UnaryOp::Abs, x);
-    let out = if p.is_infinite() {
+    let norm = if p.is_infinite() {
         let op = if p > 0.0 {
             ReduceOp::Max
         } else {
             ReduceOp::Min
         };
-        reduce_extreme(b, a, op, &dims)?
+        reduce_extreme(b, a, op, dims)?
     } else if p == 0.0 {
         let zero = b.float_like(0.0, a);
-        let nz = b.compare(CompareDir::Ne, a, zero)?;
-        let nz = b.convert(nz, acc);
-        b.reduce(nz, ReduceOp::Sum, &dims)
+        let nonzero = b.compare(CompareDir::Ne, a, zero)?;
+        let dtype = b.dtype(a);
+        let nonzero = b.convert(nonzero, dtype);
+        b.reduce(nonzero, ReduceOp::Sum, dims)
     } else if p == 1.0 {
-        b.reduce(a, ReduceOp::Sum, &dims)
+        b.reduce(a, ReduceOp::Sum, dims)
     } else if p == 2.0 {
         let sq = b.binary(BinaryOp::Mul, a, a)?;
-        let s = b.reduce(sq, ReduceOp::Sum, &dims);
+        let s = b.reduce(sq, ReduceOp::Sum, dims);
         b.unary(UnaryOp::Sqrt, s)
     } else {
         let pv = b.float_like(p, a);
         let powered = b.binary(BinaryOp::Pow, a, pv)?;
-        let s = b.reduce(powered, ReduceOp::Sum, &dims);
+        let s = b.reduce(powered, ReduceOp::Sum, dims);
         let inv = b.float_like(1.0 / p, s);
         b.binary(BinaryOp::Pow, s, inv)?
     };
-    let out = keep_dims(b, out, &view.sizes, &dims, keepdim)?;
-    let out = b.convert(out, dtype);
+    let norm = keep_dims(b, norm, &sizes, dims, keepdim)?;
+    let out = b.convert(norm, dtype);
     b.output(out)
 }
 

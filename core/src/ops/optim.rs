@@ -45,6 +45,15 @@ fn with_scalar(b: &mut Builder, op: BinaryOp, x: ValueId, s: ValueId) -> Result<
     b.binary(op, x, s)
 }
 
+/// The float32 scalar of optional argument `index` (a grad_scale).
+fn grad_scale(b: &mut Builder, index: usize) -> Result<Option<ValueId>> {
+    let Some(t) = b.opt_tensor_arg(index)? else {
+        return Ok(None);
+    };
+    let v = read_f32(b, t)?;
+    Ok(Some(b.reshape(v, &[])?))
+}
+
 /// The predicate "skip this step": `found_inf` is nonzero.
 fn skipped(b: &mut Builder, found_inf: Option<&TensorArg>) -> Result<Option<ValueId>> {
     let Some(found_inf) = found_inf else {
@@ -133,13 +142,7 @@ fn fused_adam(b: &mut Builder, decoupled: bool) -> Result<()> {
     let lr = scalar_or_tensor(b, 6)?;
     let (beta1, beta2) = (b.float_arg(7)?, b.float_arg(8)?);
     let (weight_decay, eps) = (b.float_arg(9)?, b.float_arg(10)?);
-    let grad_scale = match b.opt_tensor_arg(13)? {
-        Some(t) => Some({
-            let v = read_f32(b, t)?;
-            b.reshape(v, &[])?
-        }),
-        None => None,
-    };
+    let grad_scale = grad_scale(b, 13)?;
     let skip = skipped(b, b.opt_tensor_arg(14)?)?;
     let one = scalar(b, 1.0);
     let beta1_v = scalar(b, beta1);
@@ -210,13 +213,7 @@ fn fused_sgd(b: &mut Builder) -> Result<()> {
     let lr = scalar_or_tensor(b, 5)?;
     let dampening = b.float_arg(6)?;
     let (nesterov, maximize, first_step) = (b.bool_arg(7)?, b.bool_arg(8)?, b.bool_arg(9)?);
-    let grad_scale = match b.opt_tensor_arg(10)? {
-        Some(t) => Some({
-            let v = read_f32(b, t)?;
-            b.reshape(v, &[])?
-        }),
-        None => None,
-    };
+    let grad_scale = grad_scale(b, 10)?;
     let skip = skipped(b, b.opt_tensor_arg(11)?)?;
     let weight_decay_v = scalar(b, weight_decay);
     let momentum_v = scalar(b, momentum);

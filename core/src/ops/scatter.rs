@@ -2,7 +2,7 @@
 //! masked_fill and masked_scatter, and the embedding backward.
 
 use super::index::{
-    bool_mask, bytes_of, check_indices, flat_indices, flat_positions, host_values, mask_positions,
+    along_positions, bool_mask, bytes_of, flat_positions, host_values, mask_positions,
 };
 use super::{
     at_least_1d, broadcast_scalar, finish, float_input, is_float, wrap_dim, Arith, Form, OpDef,
@@ -259,28 +259,6 @@ fn masked_fill(b: &mut Builder, form: Form) -> Result<()> {
     let v = b.broadcast_to(v, &shape)?;
     let out = b.select(m, v, x)?;
     finish(b, form, out)
-}
-
-/// Flat positions in self (sizes `dims`) of every element of a block that
-/// has self's shape except `index.len()` along `d`, placed at the indices
-/// of argument 2 (checked on the device, negatives wrapped), so a graph
-/// with index_copy_ (a static KV cache) needs no host read. Returns
-/// (positions, block dims).
-fn along_positions(b: &mut Builder, dims: &[i64], d: usize) -> Result<(ValueId, Vec<i64>)> {
-    let index = b.tensor_arg(2)?.view.clone();
-    if index.sizes.len() > 1 {
-        return Err(b.arg_error(2, "a 0-D or 1-D index", format!("sizes {:?}", index.sizes)));
-    }
-    check_indices(b, 2, dims[d])?;
-    let k = index.numel() as i64;
-    let mut upd_dims = dims.to_vec();
-    upd_dims[d] = k;
-    let idx = b.tensor(2)?;
-    let idx = b.convert(idx, DType::I64);
-    let idx = b.reshape(idx, &[k])?;
-    let idx = b.broadcast_in_dim(idx, &upd_dims, &[d as i64]);
-    let flat = flat_indices(b, dims, &upd_dims, d, idx)?;
-    Ok((flat, upd_dims))
 }
 
 /// What index_add/index_copy/index_fill write along `dim` at `index`.
