@@ -7,6 +7,7 @@
 use std::any::Any;
 use std::ffi::{c_char, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 use crate::error::{rtpu_error, FfiError};
 
@@ -53,6 +54,61 @@ pub(crate) fn out_ptr<T>(ptr: *mut T, what: &str) -> Result<*mut T, FfiError> {
         Err(FfiError::null(what))
     } else {
         Ok(ptr)
+    }
+}
+
+/// A caller's out-parameter for one value: checked for NULL before any work
+/// is done, written once the call has succeeded ("no partial successes").
+pub(crate) struct Out<T>(*mut T);
+
+impl<T> Out<T> {
+    /// INVALID_ARGUMENT naming `what` when `ptr` is NULL. Only for pointers
+    /// an export's contract makes writable for one `T`.
+    pub(crate) fn new(ptr: *mut T, what: &str) -> Result<Out<T>, FfiError> {
+        out_ptr(ptr, what).map(Out)
+    }
+
+    pub(crate) fn write(self, value: T) {
+        // SAFETY: non-NULL (checked in `new`) and writable per the contract
+        // of the export that was given it.
+        unsafe { self.0.write(value) }
+    }
+}
+
+/// Frees a handle made from a `Box<T>`; NULL is a no-op.
+///
+/// # Safety
+/// A non-NULL `handle` must come from `Box::<T>::into_raw` and not be used
+/// again.
+pub(crate) unsafe fn drop_boxed<T>(handle: *mut T) {
+    if !handle.is_null() {
+        // SAFETY: guaranteed by the caller.
+        drop(unsafe { Box::from_raw(handle) });
+    }
+}
+
+/// Adds a reference to the `Arc<T>` behind a handle; NULL is a no-op.
+///
+/// # Safety
+/// A non-NULL `handle` must come from `Arc::<T>::into_raw` and hold a
+/// reference.
+pub(crate) unsafe fn retain_arc<T>(handle: *const T) {
+    if !handle.is_null() {
+        // SAFETY: guaranteed by the caller.
+        unsafe { Arc::increment_strong_count(handle) };
+    }
+}
+
+/// Drops a reference to the `Arc<T>` behind a handle (the last frees it);
+/// NULL is a no-op.
+///
+/// # Safety
+/// A non-NULL `handle` must come from `Arc::<T>::into_raw`, and the caller
+/// gives up one reference it holds.
+pub(crate) unsafe fn release_arc<T>(handle: *const T) {
+    if !handle.is_null() {
+        // SAFETY: guaranteed by the caller.
+        unsafe { Arc::decrement_strong_count(handle) };
     }
 }
 

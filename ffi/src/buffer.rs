@@ -3,7 +3,9 @@
 use rtpu_core::runtime::Buffer;
 use rtpu_core::DType;
 
-use crate::boundary::{check_struct_size, fallible, non_null, out_ptr, slice};
+use crate::boundary::{
+    check_struct_size, drop_boxed, fallible, infallible, non_null, out_ptr, slice, Out,
+};
 use crate::error::{rtpu_error, FfiError};
 use crate::runtime::{rtpu_runtime, runtime_ref};
 
@@ -122,7 +124,7 @@ pub extern "C" fn rtpu_buffer_from_host(
         let rt = unsafe { runtime_ref(runtime) }?;
         // SAFETY: a non-NULL `args` points to an args struct per the docs.
         let args = unsafe { non_null(args, "args") }?;
-        let buffer_out = out_ptr(buffer_out, "buffer_out")?;
+        let buffer_out = Out::new(buffer_out, "buffer_out")?;
         check_struct_size(
             "rtpu_buffer_from_host_args",
             args.struct_size,
@@ -135,8 +137,7 @@ pub extern "C" fn rtpu_buffer_from_host(
         let data = unsafe { slice(args.data.cast::<u8>(), args.data_size, "args->data") }?;
         let device = rt.client.device(args.device_index)?;
         let buffer = rt.client.buffer_from_host(data, dtype, dims, &device)?;
-        // SAFETY: checked non-NULL; written only on success.
-        unsafe { *buffer_out = buffer_into_raw(buffer) };
+        buffer_out.write(buffer_into_raw(buffer));
         Ok(())
     })
 }
@@ -170,20 +171,32 @@ pub extern "C" fn rtpu_buffer_to_host(
     })
 }
 
+/// The body of a buffer getter: resolves `buffer`, checks `out`, and writes
+/// what `get` reads from the buffer on success.
+fn buffer_getter<T>(
+    function: &'static str,
+    buffer: *const rtpu_buffer,
+    out: *mut T,
+    out_name: &str,
+    get: impl FnOnce(&Buffer) -> Result<T, FfiError>,
+) -> *mut rtpu_error {
+    fallible(function, || {
+        // SAFETY: a non-NULL handle is live per the docs.
+        let buffer = unsafe { buffer_ref(buffer, "buffer") }?;
+        let out = Out::new(out, out_name)?;
+        out.write(get(buffer)?);
+        Ok(())
+    })
+}
+
 /// Writes the size in bytes of the buffer's dense host copy. Thread-safe.
 #[no_mangle]
 pub extern "C" fn rtpu_buffer_host_size(
     buffer: *const rtpu_buffer,
     size_out: *mut usize,
 ) -> *mut rtpu_error {
-    fallible("rtpu_buffer_host_size", || {
-        // SAFETY: a non-NULL handle is live per the docs.
-        let buffer = unsafe { buffer_ref(buffer, "buffer") }?;
-        let size_out = out_ptr(size_out, "size_out")?;
-        let size = buffer.host_size()?;
-        // SAFETY: checked non-NULL.
-        unsafe { *size_out = size };
-        Ok(())
+    buffer_getter("rtpu_buffer_host_size", buffer, size_out, "size_out", |b| {
+        Ok(b.host_size()?)
     })
 }
 
@@ -194,15 +207,13 @@ pub extern "C" fn rtpu_buffer_on_device_size(
     buffer: *const rtpu_buffer,
     size_out: *mut usize,
 ) -> *mut rtpu_error {
-    fallible("rtpu_buffer_on_device_size", || {
-        // SAFETY: a non-NULL handle is live per the docs.
-        let buffer = unsafe { buffer_ref(buffer, "buffer") }?;
-        let size_out = out_ptr(size_out, "size_out")?;
-        let size = buffer.on_device_size()?;
-        // SAFETY: checked non-NULL.
-        unsafe { *size_out = size };
-        Ok(())
-    })
+    buffer_getter(
+        "rtpu_buffer_on_device_size",
+        buffer,
+        size_out,
+        "size_out",
+        |b| Ok(b.on_device_size()?),
+    )
 }
 
 /// Writes the buffer's element type, one of `RTPU_DTYPE_*`. Thread-safe.
@@ -211,14 +222,8 @@ pub extern "C" fn rtpu_buffer_dtype(
     buffer: *const rtpu_buffer,
     dtype_out: *mut u32,
 ) -> *mut rtpu_error {
-    fallible("rtpu_buffer_dtype", || {
-        // SAFETY: a non-NULL handle is live per the docs.
-        let buffer = unsafe { buffer_ref(buffer, "buffer") }?;
-        let dtype_out = out_ptr(dtype_out, "dtype_out")?;
-        let dtype = dtype_to_c(buffer.dtype()?)?;
-        // SAFETY: checked non-NULL.
-        unsafe { *dtype_out = dtype };
-        Ok(())
+    buffer_getter("rtpu_buffer_dtype", buffer, dtype_out, "dtype_out", |b| {
+        dtype_to_c(b.dtype()?)
     })
 }
 
@@ -228,14 +233,8 @@ pub extern "C" fn rtpu_buffer_rank(
     buffer: *const rtpu_buffer,
     rank_out: *mut usize,
 ) -> *mut rtpu_error {
-    fallible("rtpu_buffer_rank", || {
-        // SAFETY: a non-NULL handle is live per the docs.
-        let buffer = unsafe { buffer_ref(buffer, "buffer") }?;
-        let rank_out = out_ptr(rank_out, "rank_out")?;
-        let rank = buffer.dims()?.len();
-        // SAFETY: checked non-NULL.
-        unsafe { *rank_out = rank };
-        Ok(())
+    buffer_getter("rtpu_buffer_rank", buffer, rank_out, "rank_out", |b| {
+        Ok(b.dims()?.len())
     })
 }
 
@@ -279,11 +278,9 @@ pub extern "C" fn rtpu_buffer_copy_to_device(
     fallible("rtpu_buffer_copy_to_device", || {
         // SAFETY: a non-NULL handle is live per the docs.
         let buffer = unsafe { buffer_ref(buffer, "buffer") }?;
-        let buffer_out = out_ptr(buffer_out, "buffer_out")?;
+        let buffer_out = Out::new(buffer_out, "buffer_out")?;
         let device = buffer.client().device(device_index)?;
-        let copy = buffer.copy_to_device(&device)?;
-        // SAFETY: checked non-NULL; written only on success.
-        unsafe { *buffer_out = buffer_into_raw(copy) };
+        buffer_out.write(buffer_into_raw(buffer.copy_to_device(&device)?));
         Ok(())
     })
 }
@@ -293,10 +290,7 @@ pub extern "C" fn rtpu_buffer_copy_to_device(
 /// race with other calls on the same buffer.
 #[no_mangle]
 pub extern "C" fn rtpu_buffer_destroy(buffer: *mut rtpu_buffer) {
-    crate::boundary::infallible((), || {
-        if !buffer.is_null() {
-            // SAFETY: `buffer` came from `buffer_into_raw` and is destroyed once.
-            drop(unsafe { Box::from_raw(buffer.cast::<Buffer>()) });
-        }
-    })
+    // SAFETY: a non-NULL `buffer` came from `buffer_into_raw` and is
+    // destroyed once.
+    infallible((), || unsafe { drop_boxed(buffer.cast::<Buffer>()) })
 }

@@ -2,7 +2,7 @@
 
 use rtpu_core::engine::disk_cache;
 
-use crate::boundary::{check_struct_size, fallible, out_ptr};
+use crate::boundary::{check_struct_size, fallible, out_ptr, Out};
 use crate::error::rtpu_error;
 use crate::executable::rtpu_bytes;
 
@@ -55,13 +55,12 @@ pub extern "C" fn rtpu_cache_get_info(info_out: *mut rtpu_cache_info) -> *mut rt
 #[no_mangle]
 pub extern "C" fn rtpu_cache_dir(dir_out: *mut *mut rtpu_bytes) -> *mut rtpu_error {
     fallible("rtpu_cache_dir", || {
-        let dir_out = out_ptr(dir_out, "dir_out")?;
+        let dir_out = Out::new(dir_out, "dir_out")?;
         let path = disk_cache::info()
             .dir
             .map(|d| d.into_os_string().into_encoded_bytes())
             .unwrap_or_default();
-        // SAFETY: checked non-NULL; written only on success.
-        unsafe { *dir_out = Box::into_raw(Box::new(path)).cast() };
+        dir_out.write(Box::into_raw(Box::new(path)).cast());
         Ok(())
     })
 }
@@ -71,10 +70,8 @@ pub extern "C" fn rtpu_cache_dir(dir_out: *mut *mut rtpu_bytes) -> *mut rtpu_err
 #[no_mangle]
 pub extern "C" fn rtpu_cache_clear(removed_out: *mut u64) -> *mut rtpu_error {
     fallible("rtpu_cache_clear", || {
-        let removed_out = out_ptr(removed_out, "removed_out")?;
-        let removed = disk_cache::clear();
-        // SAFETY: checked non-NULL above.
-        unsafe { *removed_out = removed };
+        let removed_out = Out::new(removed_out, "removed_out")?;
+        removed_out.write(disk_cache::clear());
         Ok(())
     })
 }

@@ -15,7 +15,8 @@ use rtpu_core::storage::{Storage, StorageValue};
 use rtpu_core::DType;
 
 use crate::boundary::{
-    call_with_error_buffer, check_struct_size, fallible, infallible, non_null, out_ptr, slice,
+    call_with_error_buffer, check_struct_size, drop_boxed, fallible, infallible, non_null, slice,
+    Out,
 };
 use crate::buffer::dtype_to_c;
 use crate::error::{rtpu_error, FfiError};
@@ -323,7 +324,7 @@ pub extern "C" fn rtpu_communicator_new_processes(
         };
         // SAFETY: a non-NULL handle is live per the docs.
         let runtime = unsafe { runtime_ref(runtime) }?;
-        let out = out_ptr(communicator_out, "communicator_out")?;
+        let out = Out::new(communicator_out, "communicator_out")?;
         let group = ProcessGroup::new(
             &runtime.client,
             device_index,
@@ -332,8 +333,7 @@ pub extern "C" fn rtpu_communicator_new_processes(
             Box::new(transport),
         )?;
         let comm = CommunicatorHandle::Processes(group);
-        // SAFETY: checked non-NULL; written only on success.
-        unsafe { out.write(Box::into_raw(Box::new(comm)).cast()) };
+        out.write(Box::into_raw(Box::new(comm)).cast());
         Ok(())
     })
 }
@@ -353,10 +353,9 @@ pub extern "C" fn rtpu_communicator_new_local(
         let runtime = unsafe { runtime_ref(runtime) }?;
         // SAFETY: documented as `num_devices` indices.
         let devices = unsafe { slice(devices, num_devices, "devices") }?;
-        let out = out_ptr(communicator_out, "communicator_out")?;
+        let out = Out::new(communicator_out, "communicator_out")?;
         let comm = CommunicatorHandle::Local(Communicator::local(&runtime.client, devices)?);
-        // SAFETY: checked non-NULL; written only on success.
-        unsafe { out.write(Box::into_raw(Box::new(comm)).cast()) };
+        out.write(Box::into_raw(Box::new(comm)).cast());
         Ok(())
     })
 }
@@ -376,11 +375,10 @@ pub extern "C" fn rtpu_communicator_size(communicator: *const rtpu_communicator)
 /// Frees a communicator. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn rtpu_communicator_destroy(communicator: *mut rtpu_communicator) {
-    infallible((), || {
-        if !communicator.is_null() {
-            // SAFETY: came from an `rtpu_communicator_new_*`; destroyed once.
-            drop(unsafe { Box::from_raw(communicator.cast::<CommunicatorHandle>()) });
-        }
+    // SAFETY: a non-NULL `communicator` came from an
+    // `rtpu_communicator_new_*`; destroyed once.
+    infallible((), || unsafe {
+        drop_boxed(communicator.cast::<CommunicatorHandle>())
     })
 }
 
@@ -417,7 +415,7 @@ pub extern "C" fn rtpu_collective_start(
             args.struct_size,
             RTPU_COLLECTIVE_ARGS_STRUCT_SIZE,
         )?;
-        let out = out_ptr(work_out, "work_out")?;
+        let out = Out::new(work_out, "work_out")?;
         let collective = collective_from_c(args)?;
         let tensor = match collective {
             Collective::Barrier => None,
@@ -439,8 +437,7 @@ pub extern "C" fn rtpu_collective_start(
                 WorkHandle::Finished(Some(group.run(collective, tensor)), group.device())
             }
         };
-        // SAFETY: checked non-NULL; written only on success.
-        unsafe { out.write(Box::into_raw(Box::new(work)).cast()) };
+        out.write(Box::into_raw(Box::new(work)).cast());
         Ok(())
     })
 }
@@ -546,16 +543,13 @@ pub extern "C" fn rtpu_work_wait(
             Some(buffer) => {
                 let dtype = buffer.dtype()?;
                 let storage = Storage::from_buffer(&buffer.client(), device, buffer, dtype)?;
-                storage_into_raw(storage)
+                Some(storage)
             }
-            None => std::ptr::null_mut(),
+            None => None,
         };
-        if output_out.is_null() {
-            if !storage.is_null() {
-                // SAFETY: made just above with one reference.
-                drop(unsafe { Arc::from_raw(storage.cast::<Storage>()) });
-            }
-        } else {
+        // With no `output_out` the storage is dropped here.
+        if !output_out.is_null() {
+            let storage = storage.map_or(std::ptr::null_mut(), storage_into_raw);
             // SAFETY: non-NULL per the check; written only on success.
             unsafe { output_out.write(storage) };
         }
@@ -567,10 +561,7 @@ pub extern "C" fn rtpu_work_wait(
 /// other ranks' collective is not affected. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn rtpu_work_destroy(work: *mut rtpu_work) {
-    infallible((), || {
-        if !work.is_null() {
-            // SAFETY: came from `rtpu_collective_start`; destroyed once.
-            drop(unsafe { Box::from_raw(work.cast::<WorkHandle>()) });
-        }
-    })
+    // SAFETY: a non-NULL `work` came from `rtpu_collective_start`; destroyed
+    // once.
+    infallible((), || unsafe { drop_boxed(work.cast::<WorkHandle>()) })
 }

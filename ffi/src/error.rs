@@ -4,7 +4,7 @@ use std::ffi::{c_char, CString};
 
 use rtpu_core::{Error, ErrorCode};
 
-use crate::boundary::infallible;
+use crate::boundary::{drop_boxed, infallible};
 
 /// An error returned by a fallible rtpu call. Owned by the caller, who must
 /// pass it to `rtpu_error_destroy`.
@@ -145,10 +145,7 @@ pub extern "C" fn rtpu_error_message(error: *const rtpu_error) -> *const c_char 
 /// undefined behaviour, as with `free`.
 #[no_mangle]
 pub extern "C" fn rtpu_error_destroy(error: *mut rtpu_error) {
-    infallible((), || {
-        if !error.is_null() {
-            // SAFETY: `error` came from `FfiError::into_raw` and is destroyed once.
-            drop(unsafe { Box::from_raw(error.cast::<FfiError>()) });
-        }
-    })
+    // SAFETY: a non-NULL `error` came from `FfiError::into_raw`; destroyed
+    // once.
+    infallible((), || unsafe { drop_boxed(error.cast::<FfiError>()) })
 }

@@ -4,7 +4,7 @@
 
 use rtpu_core::engine::work::Marker;
 
-use crate::boundary::{fallible, infallible, non_null, out_ptr};
+use crate::boundary::{drop_boxed, fallible, infallible, non_null, Out};
 use crate::error::{rtpu_error, FfiError, RTPU_ERROR_CODE_FAILED_PRECONDITION};
 use crate::runtime::{rtpu_runtime, runtime_ref};
 
@@ -35,10 +35,9 @@ pub extern "C" fn rtpu_event_record(
     fallible("rtpu_event_record", || {
         // SAFETY: a non-NULL handle is live per the docs.
         let rt = unsafe { runtime_ref(runtime) }?;
-        let event_out = out_ptr(event_out, "event_out")?;
+        let event_out = Out::new(event_out, "event_out")?;
         let marker = Marker::new(&rt.client, device_index)?;
-        // SAFETY: checked non-NULL above; written only on success.
-        unsafe { *event_out = Box::into_raw(Box::new(marker)).cast() };
+        event_out.write(Box::into_raw(Box::new(marker)).cast());
         Ok(())
     })
 }
@@ -53,10 +52,8 @@ pub extern "C" fn rtpu_event_query(
     fallible("rtpu_event_query", || {
         // SAFETY: a non-NULL handle is live per the docs.
         let marker = unsafe { marker_ref(event, "event") }?;
-        let done_out = out_ptr(done_out, "done_out")?;
-        let done = marker.finished_at()?.is_some();
-        // SAFETY: checked non-NULL above.
-        unsafe { *done_out = done };
+        let done_out = Out::new(done_out, "done_out")?;
+        done_out.write(marker.finished_at()?.is_some());
         Ok(())
     })
 }
@@ -87,15 +84,14 @@ pub extern "C" fn rtpu_event_elapsed_ms(
         let start = unsafe { marker_ref(start, "start") }?;
         // SAFETY: as above.
         let end = unsafe { marker_ref(end, "end") }?;
-        let ms_out = out_ptr(ms_out, "ms_out")?;
+        let ms_out = Out::new(ms_out, "ms_out")?;
         let ms = start.elapsed_ms(end)?.ok_or_else(|| {
             FfiError::new(
                 RTPU_ERROR_CODE_FAILED_PRECONDITION,
                 "both events' work must have finished to time it (rtpu_event_query)",
             )
         })?;
-        // SAFETY: checked non-NULL above.
-        unsafe { *ms_out = ms };
+        ms_out.write(ms);
         Ok(())
     })
 }
@@ -103,10 +99,7 @@ pub extern "C" fn rtpu_event_elapsed_ms(
 /// Frees an event. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn rtpu_event_destroy(event: *mut rtpu_event) {
-    infallible((), || {
-        if !event.is_null() {
-            // SAFETY: came from `rtpu_event_record`; destroyed once.
-            drop(unsafe { Box::from_raw(event.cast::<Marker>()) });
-        }
-    })
+    // SAFETY: a non-NULL `event` came from `rtpu_event_record`; destroyed
+    // once.
+    infallible((), || unsafe { drop_boxed(event.cast::<Marker>()) })
 }

@@ -7,7 +7,9 @@ use std::hash::{Hash, Hasher};
 
 use rtpu_core::runtime::{Buffer, CompileOptions, ExecuteOptions, LoadedExecutable};
 
-use crate::boundary::{check_struct_size, fallible, infallible, non_null, out_ptr, slice};
+use crate::boundary::{
+    check_struct_size, drop_boxed, fallible, infallible, non_null, out_ptr, slice, Out,
+};
 use crate::buffer::{buffer_into_raw, buffer_ref, rtpu_buffer};
 use crate::error::{rtpu_error, FfiError};
 use crate::runtime::{rtpu_runtime, runtime_ref};
@@ -91,7 +93,7 @@ pub extern "C" fn rtpu_executable_compile(
         let rt = unsafe { runtime_ref(runtime) }?;
         // SAFETY: a non-NULL `args` points to an args struct per the docs.
         let args = unsafe { non_null(args, "args") }?;
-        let executable_out = out_ptr(executable_out, "executable_out")?;
+        let executable_out = Out::new(executable_out, "executable_out")?;
         check_struct_size(
             "rtpu_compile_args",
             args.struct_size,
@@ -111,8 +113,7 @@ pub extern "C" fn rtpu_executable_compile(
             ..CompileOptions::default()
         };
         let exe = rt.client.compile(code, &options)?;
-        // SAFETY: checked non-NULL; written only on success.
-        unsafe { *executable_out = executable_into_raw(exe) };
+        executable_out.write(executable_into_raw(exe));
         Ok(())
     })
 }
@@ -262,14 +263,13 @@ pub extern "C" fn rtpu_executable_serialize(
     fallible("rtpu_executable_serialize", || {
         // SAFETY: a non-NULL handle is live per the docs.
         let exe = unsafe { executable_ref(executable) }?;
-        let bytes_out = out_ptr(bytes_out, "bytes_out")?;
+        let bytes_out = Out::new(bytes_out, "bytes_out")?;
         let payload = exe.serialize()?;
         let mut bytes = Vec::with_capacity(SERIALIZED_MAGIC.len() + CHECKSUM_BYTES + payload.len());
         bytes.extend_from_slice(SERIALIZED_MAGIC);
         bytes.extend_from_slice(&checksum(&payload));
         bytes.extend_from_slice(&payload);
-        // SAFETY: checked non-NULL; written only on success.
-        unsafe { *bytes_out = Box::into_raw(Box::new(bytes)).cast() };
+        bytes_out.write(Box::into_raw(Box::new(bytes)).cast());
         Ok(())
     })
 }
@@ -288,15 +288,14 @@ pub extern "C" fn rtpu_executable_deserialize(
     fallible("rtpu_executable_deserialize", || {
         // SAFETY: a non-NULL handle is live per the docs.
         let rt = unsafe { runtime_ref(runtime) }?;
-        let executable_out = out_ptr(executable_out, "executable_out")?;
+        let executable_out = Out::new(executable_out, "executable_out")?;
         if data.is_null() {
             return Err(FfiError::null("data"));
         }
         // SAFETY: documented as `size` readable bytes.
         let bytes = unsafe { slice(data.cast::<u8>(), size, "data") }?;
         let exe = rt.client.deserialize(checked_payload(bytes)?)?;
-        // SAFETY: checked non-NULL; written only on success.
-        unsafe { *executable_out = executable_into_raw(exe) };
+        executable_out.write(executable_into_raw(exe));
         Ok(())
     })
 }
@@ -305,11 +304,10 @@ pub extern "C" fn rtpu_executable_deserialize(
 /// behaviour. Must not race with other calls on the same executable.
 #[no_mangle]
 pub extern "C" fn rtpu_executable_destroy(executable: *mut rtpu_executable) {
-    infallible((), || {
-        if !executable.is_null() {
-            // SAFETY: came from `executable_into_raw`; destroyed once.
-            drop(unsafe { Box::from_raw(executable.cast::<LoadedExecutable>()) });
-        }
+    // SAFETY: a non-NULL `executable` came from `executable_into_raw`;
+    // destroyed once.
+    infallible((), || unsafe {
+        drop_boxed(executable.cast::<LoadedExecutable>())
     })
 }
 
@@ -341,11 +339,7 @@ pub extern "C" fn rtpu_bytes_size(bytes: *const rtpu_bytes) -> usize {
 /// Frees the bytes. NULL is a no-op; destroying twice is undefined behaviour.
 #[no_mangle]
 pub extern "C" fn rtpu_bytes_destroy(bytes: *mut rtpu_bytes) {
-    infallible((), || {
-        if !bytes.is_null() {
-            // SAFETY: a Box<Vec<u8>> from rtpu (`rtpu_executable_serialize`,
-            // `rtpu_cache_dir`); destroyed once.
-            drop(unsafe { Box::from_raw(bytes.cast::<Vec<u8>>()) });
-        }
-    })
+    // SAFETY: a non-NULL `bytes` is a Box<Vec<u8>> from rtpu
+    // (`rtpu_executable_serialize`, `rtpu_cache_dir`); destroyed once.
+    infallible((), || unsafe { drop_boxed(bytes.cast::<Vec<u8>>()) })
 }

@@ -5,7 +5,7 @@ use std::ffi::{c_char, CString};
 
 use rtpu_core::engine::{capture, TensorArg};
 
-use crate::boundary::{c_str, fallible, infallible, non_null, out_ptr, slice};
+use crate::boundary::{c_str, drop_boxed, fallible, infallible, non_null, slice, Out};
 use crate::error::{rtpu_error, FfiError};
 use crate::ops::{result_into_raw, rtpu_op_result};
 use crate::runtime::{rtpu_runtime, runtime_ref};
@@ -81,7 +81,7 @@ pub extern "C" fn rtpu_capture_end(
         let checked = (|| {
             // SAFETY: a non-NULL handle is live per the docs.
             let rt = unsafe { runtime_ref(runtime) }?;
-            let graph_out = out_ptr(graph_out, "graph_out")?;
+            let graph_out = Out::new(graph_out, "graph_out")?;
             // SAFETY: NUL-terminated per the contract.
             let site = unsafe { c_str(site, "site") }?;
             // SAFETY: documented as `num_outputs` refs.
@@ -101,8 +101,7 @@ pub extern "C" fn rtpu_capture_end(
             CString::new(reason).unwrap_or_else(|_| c"(reason has a NUL)".to_owned())
         });
         let handle: Box<GraphHandle> = Box::new(captured);
-        // SAFETY: checked non-NULL; written only on success.
-        unsafe { *graph_out = Box::into_raw(handle).cast() };
+        graph_out.write(Box::into_raw(handle).cast());
         Ok(())
     })
 }
@@ -151,7 +150,7 @@ pub extern "C" fn rtpu_graph_replay(
     fallible("rtpu_graph_replay", || {
         // SAFETY: a non-NULL handle is live per the docs.
         let graph = unsafe { graph_ref(graph) }?;
-        let result_out = out_ptr(result_out, "result_out")?;
+        let result_out = Out::new(result_out, "result_out")?;
         let graph = graph.as_ref().map_err(|reason| {
             FfiError::invalid(format!(
                 "the graph cannot be replayed: {}",
@@ -167,9 +166,7 @@ pub extern "C" fn rtpu_graph_replay(
         }
         // SAFETY: documented as `num_inputs` refs.
         let inputs = unsafe { tensor_args(inputs, num_inputs, "inputs") }?;
-        let outputs = graph.replay(&inputs)?;
-        // SAFETY: checked non-NULL; written only on success.
-        unsafe { *result_out = result_into_raw(outputs) };
+        result_out.write(result_into_raw(graph.replay(&inputs)?));
         Ok(())
     })
 }
@@ -177,10 +174,7 @@ pub extern "C" fn rtpu_graph_replay(
 /// Frees a graph. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn rtpu_graph_destroy(graph: *mut rtpu_graph) {
-    infallible((), || {
-        if !graph.is_null() {
-            // SAFETY: came from `rtpu_capture_end`; destroyed once.
-            drop(unsafe { Box::from_raw(graph.cast::<GraphHandle>()) });
-        }
-    })
+    // SAFETY: a non-NULL `graph` came from `rtpu_capture_end`; destroyed
+    // once.
+    infallible((), || unsafe { drop_boxed(graph.cast::<GraphHandle>()) })
 }

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use rtpu_core::metrics;
 
-use crate::boundary::{c_str, fallible, infallible, out_ptr, slice_mut};
+use crate::boundary::{c_str, fallible, infallible, slice_mut, Out};
 use crate::error::{rtpu_error, FfiError};
 
 /// Each metric's name, unit and help as C strings, made once.
@@ -45,22 +45,18 @@ pub extern "C" fn rtpu_metric_describe(
     help_out: *mut *const c_char,
 ) -> *mut rtpu_error {
     fallible("rtpu_metric_describe", || {
-        let name_out = out_ptr(name_out, "name_out")?;
-        let unit_out = out_ptr(unit_out, "unit_out")?;
-        let help_out = out_ptr(help_out, "help_out")?;
+        let name_out = Out::new(name_out, "name_out")?;
+        let unit_out = Out::new(unit_out, "unit_out")?;
+        let help_out = Out::new(help_out, "help_out")?;
         let [name, unit, help] = c_definitions().get(index).ok_or_else(|| {
             FfiError::invalid(format!(
                 "metric index {index}: expected less than rtpu_metric_count() = {}",
                 metrics::definitions().len()
             ))
         })?;
-        // SAFETY: all three were checked non-NULL; the caller gave writable
-        // pointers.
-        unsafe {
-            *name_out = name.as_ptr();
-            *unit_out = unit.as_ptr();
-            *help_out = help.as_ptr();
-        }
+        name_out.write(name.as_ptr());
+        unit_out.write(unit.as_ptr());
+        help_out.write(help.as_ptr());
         Ok(())
     })
 }
@@ -73,15 +69,14 @@ pub extern "C" fn rtpu_metric_find(name: *const c_char, index_out: *mut usize) -
     fallible("rtpu_metric_find", || {
         // SAFETY: the caller passes a NUL-terminated string (NULL is refused).
         let name = unsafe { c_str(name, "name") }?;
-        let index_out = out_ptr(index_out, "index_out")?;
+        let index_out = Out::new(index_out, "index_out")?;
         let index = metrics::find(name).ok_or_else(|| {
             FfiError::new(
                 crate::error::RTPU_ERROR_CODE_NOT_FOUND,
                 format!("no metric is named \"{name}\""),
             )
         })?;
-        // SAFETY: checked non-NULL above.
-        unsafe { *index_out = index };
+        index_out.write(index);
         Ok(())
     })
 }

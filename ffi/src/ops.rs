@@ -6,7 +6,9 @@ use std::sync::OnceLock;
 
 use rtpu_core::engine::{self, Arg, Output, TensorArg};
 
-use crate::boundary::{c_str, check_struct_size, fallible, infallible, non_null, out_ptr, slice};
+use crate::boundary::{
+    c_str, check_struct_size, drop_boxed, fallible, infallible, non_null, out_ptr, slice, Out,
+};
 use crate::buffer::{dtype_from_c, dtype_to_c};
 use crate::error::{rtpu_error, FfiError};
 use crate::runtime::{rtpu_runtime, runtime_ref};
@@ -87,6 +89,23 @@ pub struct rtpu_op_output {
 
 /// `sizeof(rtpu_op_output)` in ABI v0.
 pub const RTPU_OP_OUTPUT_STRUCT_SIZE: usize = 64;
+
+/// No tensor and no alias, with this ABI's `struct_size`: what a caller
+/// passes in, and what is left of an output that is not a new tensor.
+impl Default for rtpu_op_output {
+    fn default() -> rtpu_op_output {
+        rtpu_op_output {
+            struct_size: RTPU_OP_OUTPUT_STRUCT_SIZE,
+            storage: std::ptr::null_mut(),
+            alias_of: -1,
+            storage_offset: 0,
+            sizes: std::ptr::null(),
+            strides: std::ptr::null(),
+            ndim: 0,
+            dtype: 0,
+        }
+    }
+}
 
 fn op_names() -> &'static [CString] {
     static NAMES: OnceLock<Vec<CString>> = OnceLock::new();
@@ -223,7 +242,7 @@ pub extern "C" fn rtpu_op_call(
     fallible("rtpu_op_call", || {
         // SAFETY: a non-NULL handle is live per the docs.
         let rt = unsafe { runtime_ref(runtime) }?;
-        let result_out = out_ptr(result_out, "result_out")?;
+        let result_out = Out::new(result_out, "result_out")?;
         if op >= op_names().len() {
             return Err(FfiError::invalid(format!(
                 "op {op} is not below rtpu_op_count() ({})",
@@ -238,9 +257,7 @@ pub extern "C" fn rtpu_op_call(
             // SAFETY: each argument's pointers are valid per the docs.
             .map(|(i, a)| unsafe { convert_arg(a, i) })
             .collect::<Result<Vec<_>, _>>()?;
-        let outputs = engine::call(&rt.client, op, &args)?;
-        // SAFETY: checked non-NULL; written only on success.
-        unsafe { *result_out = result_into_raw(outputs) };
+        result_out.write(result_into_raw(engine::call(&rt.client, op, &args)?));
         Ok(())
     })
 }
@@ -304,23 +321,12 @@ pub extern "C" fn rtpu_op_result_get(
         let output = match &item.output {
             Output::Alias(arg) => rtpu_op_output {
                 struct_size: given,
-                storage: std::ptr::null_mut(),
                 alias_of: *arg as i64,
-                storage_offset: 0,
-                sizes: std::ptr::null(),
-                strides: std::ptr::null(),
-                ndim: 0,
-                dtype: 0,
+                ..Default::default()
             },
             Output::None => rtpu_op_output {
                 struct_size: given,
-                storage: std::ptr::null_mut(),
-                alias_of: -1,
-                storage_offset: 0,
-                sizes: std::ptr::null(),
-                strides: std::ptr::null(),
-                ndim: 0,
-                dtype: 0,
+                ..Default::default()
             },
             Output::New { storage, view } => {
                 // The dtype first: nothing may fail after a reference is handed out.
@@ -347,10 +353,9 @@ pub extern "C" fn rtpu_op_result_get(
 /// own references). NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn rtpu_op_result_destroy(result: *mut rtpu_op_result) {
-    infallible((), || {
-        if !result.is_null() {
-            // SAFETY: came from `rtpu_op_call`; destroyed once.
-            drop(unsafe { Box::from_raw(result.cast::<Vec<ResultOutput>>()) });
-        }
+    // SAFETY: a non-NULL `result` came from `result_into_raw`; destroyed
+    // once.
+    infallible((), || unsafe {
+        drop_boxed(result.cast::<Vec<ResultOutput>>())
     })
 }

@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use rtpu_core::runtime::{self, Client, CreateOption, KeyValueStore};
 
-use crate::boundary::{c_str, check_struct_size, fallible, infallible, non_null, out_ptr, slice};
+use crate::boundary::{
+    c_str, check_struct_size, fallible, infallible, non_null, out_ptr, release_arc, retain_arc,
+    slice, Out,
+};
 use crate::error::{rtpu_error, FfiError};
 use crate::key_value::{rtpu_key_value_store, CStore, RTPU_KEY_VALUE_STORE_STRUCT_SIZE};
 
@@ -174,7 +177,7 @@ pub extern "C" fn rtpu_runtime_open(
     fallible("rtpu_runtime_open", || {
         // SAFETY: a non-NULL `args` points to an args struct per the docs.
         let args = unsafe { non_null(args, "args") }?;
-        let runtime_out = out_ptr(runtime_out, "runtime_out")?;
+        let runtime_out = Out::new(runtime_out, "runtime_out")?;
         check_struct_size(
             "rtpu_runtime_open_args",
             args.struct_size,
@@ -236,9 +239,7 @@ pub extern "C" fn rtpu_runtime_open(
             process_index: client.process_index()?,
             client,
         };
-        let raw = Arc::into_raw(Arc::new(runtime));
-        // SAFETY: checked non-NULL above; written only on success.
-        unsafe { *runtime_out = raw.cast_mut().cast() };
+        runtime_out.write(Arc::into_raw(Arc::new(runtime)).cast_mut().cast());
         Ok(())
     })
 }
@@ -254,15 +255,24 @@ pub(crate) unsafe fn runtime_ref<'a>(
     unsafe { non_null(runtime.cast::<Runtime>(), "runtime") }
 }
 
+/// The body of an export that reads `get` from a runtime and cannot fail:
+/// `default` for a NULL runtime.
+fn read_runtime<T: Copy>(
+    runtime: *const rtpu_runtime,
+    default: T,
+    get: impl FnOnce(&Runtime) -> T,
+) -> T {
+    infallible(default, || {
+        // SAFETY: a non-NULL handle is live per the docs.
+        unsafe { runtime_ref(runtime) }.map_or(default, get)
+    })
+}
+
 /// Adds a reference. NULL is a no-op. Thread-safe.
 #[no_mangle]
 pub extern "C" fn rtpu_runtime_retain(runtime: *const rtpu_runtime) {
-    infallible((), || {
-        if !runtime.is_null() {
-            // SAFETY: a live handle holds at least one reference.
-            unsafe { Arc::increment_strong_count(runtime.cast::<Runtime>()) };
-        }
-    })
+    // SAFETY: a non-NULL handle is live, so it holds at least one reference.
+    infallible((), || unsafe { retain_arc(runtime.cast::<Runtime>()) })
 }
 
 /// Drops a reference; the last one frees the runtime (its plugin stays
@@ -270,48 +280,29 @@ pub extern "C" fn rtpu_runtime_retain(runtime: *const rtpu_runtime) {
 /// undefined behaviour. Thread-safe.
 #[no_mangle]
 pub extern "C" fn rtpu_runtime_release(runtime: *const rtpu_runtime) {
-    infallible((), || {
-        if !runtime.is_null() {
-            // SAFETY: the caller gives up one reference it holds.
-            unsafe { Arc::decrement_strong_count(runtime.cast::<Runtime>()) };
-        }
-    })
+    // SAFETY: the caller gives up one reference it holds.
+    infallible((), || unsafe { release_arc(runtime.cast::<Runtime>()) })
 }
 
 /// The platform name (e.g. "cpu", "tpu"): NUL-terminated, owned by the
 /// runtime. NULL `runtime` gives NULL. Thread-safe.
 #[no_mangle]
 pub extern "C" fn rtpu_runtime_platform_name(runtime: *const rtpu_runtime) -> *const c_char {
-    infallible(std::ptr::null(), || {
-        // SAFETY: a non-NULL handle is live per the docs.
-        match unsafe { runtime_ref(runtime) } {
-            Ok(rt) => rt.platform_name.as_ptr(),
-            Err(_) => std::ptr::null(),
-        }
-    })
+    read_runtime(runtime, std::ptr::null(), |rt| rt.platform_name.as_ptr())
 }
 
 /// The platform version string: NUL-terminated, owned by the runtime. NULL
 /// `runtime` gives NULL. Thread-safe.
 #[no_mangle]
 pub extern "C" fn rtpu_runtime_platform_version(runtime: *const rtpu_runtime) -> *const c_char {
-    infallible(std::ptr::null(), || {
-        // SAFETY: a non-NULL handle is live per the docs.
-        match unsafe { runtime_ref(runtime) } {
-            Ok(rt) => rt.platform_version.as_ptr(),
-            Err(_) => std::ptr::null(),
-        }
-    })
+    read_runtime(runtime, std::ptr::null(), |rt| rt.platform_version.as_ptr())
 }
 
 /// The number of devices this process can address. NULL `runtime` gives 0.
 /// Thread-safe.
 #[no_mangle]
 pub extern "C" fn rtpu_runtime_device_count(runtime: *const rtpu_runtime) -> usize {
-    infallible(0, || {
-        // SAFETY: a non-NULL handle is live per the docs.
-        unsafe { runtime_ref(runtime) }.map_or(0, |rt| rt.client.device_count())
-    })
+    read_runtime(runtime, 0, |rt| rt.client.device_count())
 }
 
 /// The number of devices of every process of the job, this one's included:
@@ -320,20 +311,14 @@ pub extern "C" fn rtpu_runtime_device_count(runtime: *const rtpu_runtime) -> usi
 /// (`rtpu_device_info.id`) are global. NULL `runtime` gives 0. Thread-safe.
 #[no_mangle]
 pub extern "C" fn rtpu_runtime_global_device_count(runtime: *const rtpu_runtime) -> usize {
-    infallible(0, || {
-        // SAFETY: a non-NULL handle is live per the docs.
-        unsafe { runtime_ref(runtime) }.map_or(0, |rt| rt.global_device_count)
-    })
+    read_runtime(runtime, 0, |rt| rt.global_device_count)
 }
 
 /// This process's index among the processes of the job (the `node_id` it was
 /// opened with; 0 alone). NULL `runtime` gives 0. Thread-safe.
 #[no_mangle]
 pub extern "C" fn rtpu_runtime_process_index(runtime: *const rtpu_runtime) -> usize {
-    infallible(0, || {
-        // SAFETY: a non-NULL handle is live per the docs.
-        unsafe { runtime_ref(runtime) }.map_or(0, |rt| rt.process_index)
-    })
+    read_runtime(runtime, 0, |rt| rt.process_index)
 }
 
 /// Reads the integer attribute `name` (NUL-terminated, e.g. "num_cores",
@@ -353,15 +338,12 @@ pub extern "C" fn rtpu_runtime_device_int_attribute(
         let rt = unsafe { runtime_ref(runtime) }?;
         // SAFETY: a non-NULL name is NUL-terminated per the docs.
         let name = unsafe { c_str(name, "name") }?;
-        let found_out = out_ptr(found_out, "found_out")?;
-        let value_out = out_ptr(value_out, "value_out")?;
+        let found_out = Out::new(found_out, "found_out")?;
+        let value_out = Out::new(value_out, "value_out")?;
         let value = rt.client.device(index)?.int_attribute(name)?;
-        // SAFETY: both checked non-NULL; caller-owned.
-        unsafe {
-            found_out.write(value.is_some());
-            if let Some(v) = value {
-                value_out.write(v);
-            }
+        found_out.write(value.is_some());
+        if let Some(v) = value {
+            value_out.write(v);
         }
         Ok(())
     })

@@ -5,7 +5,7 @@
 
 use rtpu_core::sharding::Sharding;
 
-use crate::boundary::{check_struct_size, fallible, non_null, out_ptr, slice};
+use crate::boundary::{check_struct_size, fallible, non_null, out_ptr, slice, Out};
 use crate::buffer::dtype_from_c;
 use crate::error::{rtpu_error, FfiError};
 use crate::storage::{rtpu_storage, storage_ref};
@@ -98,14 +98,13 @@ pub extern "C" fn rtpu_storage_sharding(
     fallible("rtpu_storage_sharding", || {
         // SAFETY: a non-NULL handle is live per the docs.
         let storage = unsafe { storage_ref(storage, "storage") }?;
-        let sharded_out = out_ptr(sharded_out, "sharded_out")?;
+        let sharded_out = Out::new(sharded_out, "sharded_out")?;
         let sharding_out = out_ptr(sharding_out, "sharding_out")?;
         // SAFETY: non-NULL and writable per the docs.
         let out = unsafe { &mut *sharding_out };
         check_struct_size("rtpu_sharding", out.struct_size, RTPU_SHARDING_STRUCT_SIZE)?;
         let Some(shards) = storage.shards()? else {
-            // SAFETY: checked non-NULL.
-            unsafe { *sharded_out = false };
+            sharded_out.write(false);
             return Ok(());
         };
         let sharding = &shards.sharding;
@@ -136,8 +135,7 @@ pub extern "C" fn rtpu_storage_sharding(
         out.rank = shards.dims.len();
         out.replicas = sharding.replicas;
         out.num_partitions = sharding.partitions.len();
-        // SAFETY: checked non-NULL.
-        unsafe { *sharded_out = true };
+        sharded_out.write(true);
         Ok(())
     })
 }

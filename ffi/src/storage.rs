@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use rtpu_core::storage::{Storage, View};
 
-use crate::boundary::{fallible, infallible, non_null, out_ptr, slice, slice_mut};
+use crate::boundary::{
+    fallible, infallible, non_null, release_arc, retain_arc, slice, slice_mut, Out,
+};
 use crate::buffer::dtype_from_c;
 use crate::error::{rtpu_error, FfiError};
 use crate::runtime::{rtpu_runtime, runtime_ref};
@@ -88,6 +90,22 @@ pub(crate) unsafe fn tensor_view(
     Ok((unsafe { storage_arc(tensor.storage) }, view))
 }
 
+/// The storage and view of the tensor ref at `tensor`, named `what` in
+/// errors.
+///
+/// # Safety
+/// A non-NULL `tensor` must point to a ref whose pointers are valid as its
+/// documentation says.
+unsafe fn tensor_view_at(
+    tensor: *const rtpu_tensor_ref,
+    what: &str,
+) -> Result<(Arc<Storage>, View), FfiError> {
+    // SAFETY: guaranteed by the caller.
+    let tensor = unsafe { non_null(tensor, what) }?;
+    // SAFETY: guaranteed by the caller.
+    unsafe { tensor_view(tensor, || what.to_string()) }
+}
+
 /// Creates a storage of `nbytes` on device `device_index` of the runtime. It
 /// reads as zeros until written. On success the caller owns one reference.
 /// Thread-safe.
@@ -101,10 +119,9 @@ pub extern "C" fn rtpu_storage_new(
     fallible("rtpu_storage_new", || {
         // SAFETY: a non-NULL handle is live per the docs.
         let rt = unsafe { runtime_ref(runtime) }?;
-        let storage_out = out_ptr(storage_out, "storage_out")?;
+        let storage_out = Out::new(storage_out, "storage_out")?;
         let storage = Storage::new(&rt.client, device_index, nbytes)?;
-        // SAFETY: checked non-NULL; written only on success.
-        unsafe { *storage_out = storage_into_raw(storage) };
+        storage_out.write(storage_into_raw(storage));
         Ok(())
     })
 }
@@ -112,24 +129,16 @@ pub extern "C" fn rtpu_storage_new(
 /// Adds a reference. NULL is a no-op. Thread-safe.
 #[no_mangle]
 pub extern "C" fn rtpu_storage_retain(storage: *const rtpu_storage) {
-    infallible((), || {
-        if !storage.is_null() {
-            // SAFETY: a live handle holds at least one reference.
-            unsafe { Arc::increment_strong_count(storage.cast::<Storage>()) };
-        }
-    })
+    // SAFETY: a non-NULL handle is live, so it holds at least one reference.
+    infallible((), || unsafe { retain_arc(storage.cast::<Storage>()) })
 }
 
 /// Drops a reference; the last frees the storage's device memory. NULL is a
 /// no-op. Thread-safe.
 #[no_mangle]
 pub extern "C" fn rtpu_storage_release(storage: *const rtpu_storage) {
-    infallible((), || {
-        if !storage.is_null() {
-            // SAFETY: the caller gives up one reference it holds.
-            unsafe { Arc::decrement_strong_count(storage.cast::<Storage>()) };
-        }
-    })
+    // SAFETY: the caller gives up one reference it holds.
+    infallible((), || unsafe { release_arc(storage.cast::<Storage>()) })
 }
 
 /// The storage's size in bytes. NULL gives 0. Thread-safe.
@@ -176,10 +185,8 @@ pub extern "C" fn rtpu_tensor_copy_from_host(
     nbytes: usize,
 ) -> *mut rtpu_error {
     fallible("rtpu_tensor_copy_from_host", || {
-        // SAFETY: a non-NULL `dst` points to a tensor ref per the docs.
-        let dst = unsafe { non_null(dst, "dst") }?;
-        // SAFETY: its pointers are valid per the docs.
-        let (storage, view) = unsafe { tensor_view(dst, || "dst".to_string()) }?;
+        // SAFETY: a non-NULL `dst` points to a valid tensor ref per the docs.
+        let (storage, view) = unsafe { tensor_view_at(dst, "dst") }?;
         // SAFETY: documented as `nbytes` readable bytes.
         let bytes = unsafe { slice(data.cast::<u8>(), nbytes, "data") }?;
         storage.write_view(&view, bytes)?;
@@ -196,10 +203,8 @@ pub extern "C" fn rtpu_tensor_copy_to_host(
     nbytes: usize,
 ) -> *mut rtpu_error {
     fallible("rtpu_tensor_copy_to_host", || {
-        // SAFETY: a non-NULL `src` points to a tensor ref per the docs.
-        let src = unsafe { non_null(src, "src") }?;
-        // SAFETY: its pointers are valid per the docs.
-        let (storage, view) = unsafe { tensor_view(src, || "src".to_string()) }?;
+        // SAFETY: a non-NULL `src` points to a valid tensor ref per the docs.
+        let (storage, view) = unsafe { tensor_view_at(src, "src") }?;
         view.check_within(storage.elements(view.dtype)?)?;
         let expected = view.numel() * view.dtype.size_in_bytes();
         if nbytes != expected {

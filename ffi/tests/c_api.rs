@@ -113,11 +113,16 @@ fn run(program: &Path, args: &[&Path]) {
     assert!(stdout.contains(": ok"), "{stdout}");
 }
 
+/// Builds `tests/c/{name}.c` (with `extra` compiler arguments) and runs it.
+fn c_test(name: &str, extra: &[&str]) {
+    let exe = out_dir().join(name);
+    compile("cc", "-std=c11", &format!("tests/c/{name}.c"), &exe, extra);
+    run(&exe, &[]);
+}
+
 #[test]
 fn happy_path() {
-    let exe = out_dir().join("happy_path");
-    compile("cc", "-std=c11", "tests/c/happy_path.c", &exe, &["-lm"]);
-    run(&exe, &[]);
+    c_test("happy_path", &["-lm"]);
 }
 
 #[test]
@@ -151,50 +156,32 @@ fn bad_input_gives_errors_not_crashes() {
 
 #[test]
 fn storages_views_and_op_calls() {
-    let exe = out_dir().join("ops");
-    compile("cc", "-std=c11", "tests/c/ops.c", &exe, &[]);
-    run(&exe, &[]);
+    c_test("ops", &[]);
 }
 
 #[test]
 fn deferred_execution_and_captured_graphs() {
-    let exe = out_dir().join("deferred");
-    compile("cc", "-std=c11", "tests/c/deferred.c", &exe, &[]);
-    run(&exe, &[]);
+    c_test("deferred", &[]);
 }
 
 #[test]
 fn collectives_from_four_threads() {
-    let exe = out_dir().join("collectives");
-    compile(
-        "cc",
-        "-std=c11",
-        "tests/c/collectives.c",
-        &exe,
-        &["-pthread"],
-    );
-    run(&exe, &[]);
+    c_test("collectives", &["-pthread"]);
 }
 
 #[test]
 fn collectives_across_two_processes() {
-    let exe = out_dir().join("processes");
-    compile("cc", "-std=c11", "tests/c/processes.c", &exe, &[]);
-    run(&exe, &[]);
+    c_test("processes", &[]);
 }
 
 #[test]
 fn storages_sharded_over_a_mesh() {
-    let exe = out_dir().join("sharding");
-    compile("cc", "-std=c11", "tests/c/sharding.c", &exe, &[]);
-    run(&exe, &[]);
+    c_test("sharding", &[]);
 }
 
 #[test]
 fn events_mark_query_wait_and_time_device_work() {
-    let exe = out_dir().join("events");
-    compile("cc", "-std=c11", "tests/c/events.c", &exe, &[]);
-    run(&exe, &[]);
+    c_test("events", &[]);
 }
 
 #[test]

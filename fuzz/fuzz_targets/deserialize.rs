@@ -11,12 +11,11 @@ use std::sync::OnceLock;
 use arbitrary::Unstructured;
 use libfuzzer_sys::fuzz_target;
 use rtpu::executable::{
-    rtpu_bytes_data, rtpu_bytes_destroy, rtpu_bytes_size, rtpu_compile_args,
-    rtpu_executable_compile, rtpu_executable_deserialize, rtpu_executable_destroy,
-    rtpu_executable_num_devices, rtpu_executable_num_outputs, rtpu_executable_serialize,
-    RTPU_COMPILE_ARGS_STRUCT_SIZE,
+    rtpu_bytes_data, rtpu_bytes_destroy, rtpu_bytes_size, rtpu_executable_deserialize,
+    rtpu_executable_destroy, rtpu_executable_num_devices, rtpu_executable_num_outputs,
+    rtpu_executable_serialize,
 };
-use rtpu_fuzz::{runtime, take, verbose};
+use rtpu_fuzz::{compile, runtime, take, verbose};
 
 const ADD_ONE: &str = "module @add_one {
   func.func public @main(%x: tensor<4xf32>) -> tensor<4xf32> {
@@ -31,16 +30,7 @@ const ADD_ONE: &str = "module @add_one {
 fn valid() -> &'static [u8] {
     static VALID: OnceLock<Vec<u8>> = OnceLock::new();
     VALID.get_or_init(|| {
-        let args = rtpu_compile_args {
-            struct_size: RTPU_COMPILE_ARGS_STRUCT_SIZE,
-            code: ADD_ONE.as_ptr().cast(),
-            code_size: ADD_ONE.len(),
-            num_replicas: 1,
-            num_partitions: 1,
-            use_spmd_partitioning: false,
-        };
-        let mut exe = std::ptr::null_mut();
-        let compiled = take(rtpu_executable_compile(runtime(), &args, &mut exe));
+        let (compiled, exe) = compile(ADD_ONE.as_bytes());
         assert!(compiled.is_ok(), "compiling the seed program: {compiled:?}");
         let bytes = serialize(exe).expect("serializing the seed program");
         rtpu_executable_destroy(exe);

@@ -17,7 +17,7 @@ use arbitrary::Unstructured;
 use libfuzzer_sys::fuzz_target;
 use rtpu::ops::{
     rtpu_op_arg, rtpu_op_call, rtpu_op_count, rtpu_op_name, rtpu_op_output, rtpu_op_result_count,
-    rtpu_op_result_destroy, rtpu_op_result_get, RTPU_ARG_TENSOR, RTPU_OP_OUTPUT_STRUCT_SIZE,
+    rtpu_op_result_destroy, rtpu_op_result_get, RTPU_ARG_TENSOR,
 };
 use rtpu::storage::{rtpu_storage_release, rtpu_tensor_ref};
 use rtpu_fuzz::op_args::{draw_args, Draw};
@@ -164,16 +164,7 @@ fn read_output(
     result: *const rtpu::ops::rtpu_op_result,
     i: usize,
 ) {
-    let mut out = rtpu_op_output {
-        struct_size: RTPU_OP_OUTPUT_STRUCT_SIZE,
-        storage: std::ptr::null_mut(),
-        alias_of: -1,
-        storage_offset: 0,
-        sizes: std::ptr::null(),
-        strides: std::ptr::null(),
-        ndim: 0,
-        dtype: 0,
-    };
+    let mut out = rtpu_op_output::default();
     let got = take(rtpu_op_result_get(result, i, &mut out));
     assert!(got.is_ok(), "{name}: output {i}: {got:?}");
     let view = if out.alias_of >= 0 {

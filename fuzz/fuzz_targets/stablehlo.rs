@@ -11,12 +11,11 @@ use rtpu::buffer::{
     rtpu_buffer_host_size, rtpu_buffer_to_host, RTPU_BUFFER_FROM_HOST_ARGS_STRUCT_SIZE,
 };
 use rtpu::executable::{
-    rtpu_compile_args, rtpu_executable_compile, rtpu_executable_destroy, rtpu_executable_execute,
-    rtpu_executable_num_devices, rtpu_executable_num_outputs, rtpu_execute_args,
-    RTPU_COMPILE_ARGS_STRUCT_SIZE, RTPU_EXECUTE_ARGS_STRUCT_SIZE,
+    rtpu_executable_destroy, rtpu_executable_execute, rtpu_executable_num_devices,
+    rtpu_executable_num_outputs, rtpu_execute_args, RTPU_EXECUTE_ARGS_STRUCT_SIZE,
 };
 use rtpu_fuzz::tensors::{dtype_size, MAX_READ_BYTES};
-use rtpu_fuzz::{runtime, take, verbose};
+use rtpu_fuzz::{compile, runtime, take, verbose};
 
 /// Inputs and outputs past this many elements are not run.
 const MAX_ELEMENTS: u64 = 1 << 16;
@@ -25,17 +24,7 @@ const MAX_ELEMENTS: u64 = 1 << 16;
 const NOT_RUN: [&str; 6] = ["while", "infeed", "outfeed", "send", "recv", "custom_call"];
 
 fuzz_target!(|data: &[u8]| {
-    let rt = runtime();
-    let args = rtpu_compile_args {
-        struct_size: RTPU_COMPILE_ARGS_STRUCT_SIZE,
-        code: data.as_ptr().cast(),
-        code_size: data.len(),
-        num_replicas: 1,
-        num_partitions: 1,
-        use_spmd_partitioning: false,
-    };
-    let mut exe = std::ptr::null_mut();
-    let outcome = take(rtpu_executable_compile(rt, &args, &mut exe));
+    let (outcome, exe) = compile(data);
     if verbose() {
         eprintln!("compile: {outcome:?}");
     }

@@ -16,6 +16,9 @@ use rtpu::error::{
     rtpu_error, rtpu_error_code, rtpu_error_destroy, rtpu_error_message,
     RTPU_ERROR_CODE_INVALID_ARGUMENT, RTPU_ERROR_CODE_OK, RTPU_ERROR_CODE_PANIC,
 };
+use rtpu::executable::{
+    rtpu_compile_args, rtpu_executable, rtpu_executable_compile, RTPU_COMPILE_ARGS_STRUCT_SIZE,
+};
 use rtpu::runtime::{
     rtpu_runtime, rtpu_runtime_open, rtpu_runtime_open_args, RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE,
 };
@@ -43,6 +46,7 @@ pub fn runtime() -> *const rtpu_runtime {
                 plugin_path: std::ptr::null(),
                 options: std::ptr::null(),
                 num_options: 0,
+                key_value_store: std::ptr::null(),
             };
             let mut rt = std::ptr::null_mut();
             let outcome = take(rtpu_runtime_open(&args, &mut rt));
@@ -55,6 +59,23 @@ pub fn runtime() -> *const rtpu_runtime {
             Runtime(rt)
         })
         .0
+}
+
+/// Compiles the StableHLO text `code` for one device on the process's
+/// runtime: how the call ended, and the executable it wrote (the caller
+/// destroys it).
+pub fn compile(code: &[u8]) -> (Outcome, *mut rtpu_executable) {
+    let args = rtpu_compile_args {
+        struct_size: RTPU_COMPILE_ARGS_STRUCT_SIZE,
+        code: code.as_ptr().cast(),
+        code_size: code.len(),
+        num_replicas: 1,
+        num_partitions: 1,
+        use_spmd_partitioning: false,
+    };
+    let mut exe = std::ptr::null_mut();
+    let outcome = take(rtpu_executable_compile(runtime(), &args, &mut exe));
+    (outcome, exe)
 }
 
 /// How an rtpu call ended.

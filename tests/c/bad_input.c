@@ -18,14 +18,6 @@ static const char ADD_ONE[] =
     "  }\n"
     "}\n";
 
-static rtpu_runtime *open_runtime(void) {
-  rtpu_runtime_open_args args = {0};
-  args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
-  rtpu_runtime *rt = NULL;
-  CHECK_OK(rtpu_runtime_open(&args, &rt));
-  return rt;
-}
-
 static void errors_and_null_handles(void) {
   CHECK(rtpu_error_code(NULL) == RTPU_ERROR_CODE_OK);
   CHECK(strcmp(rtpu_error_message(NULL), "") == 0);
@@ -180,13 +172,7 @@ static void bad_runtime_queries(rtpu_runtime *rt) {
 static void bad_buffers(rtpu_runtime *rt) {
   float data[4] = {1, 2, 3, 4};
   int64_t dims[1] = {4};
-  rtpu_buffer_from_host_args args = {0};
-  args.struct_size = RTPU_BUFFER_FROM_HOST_ARGS_STRUCT_SIZE;
-  args.data = data;
-  args.data_size = sizeof data;
-  args.dtype = RTPU_DTYPE_FLOAT32;
-  args.dims = dims;
-  args.num_dims = 1;
+  rtpu_buffer_from_host_args args = from_host_args(data, sizeof data, RTPU_DTYPE_FLOAT32, dims, 1);
   rtpu_buffer *buffer = NULL;
 
   CHECK_ERROR(rtpu_buffer_from_host(NULL, &args, &buffer), INVALID, "runtime");
@@ -247,12 +233,8 @@ static void bad_buffers(rtpu_runtime *rt) {
 }
 
 static void bad_programs_and_executions(rtpu_runtime *rt) {
-  rtpu_compile_args compile = {0};
-  compile.struct_size = RTPU_COMPILE_ARGS_STRUCT_SIZE;
-  compile.code = "module { this is not stablehlo }";
-  compile.code_size = strlen(compile.code);
-  compile.num_replicas = 1;
-  compile.num_partitions = 1;
+  static const char NOT_STABLEHLO[] = "module { this is not stablehlo }";
+  rtpu_compile_args compile = compile_args(NOT_STABLEHLO, sizeof NOT_STABLEHLO - 1);
   rtpu_executable *exe = NULL;
 
   /* XLA's own message comes through; its code is the plugin's choice. */
@@ -273,8 +255,7 @@ static void bad_programs_and_executions(rtpu_runtime *rt) {
   CHECK(parse_error != NULL && exe == NULL);
   rtpu_error_destroy(parse_error);
   free(unterminated);
-  compile.code = "module { this is not stablehlo }";
-  compile.code_size = strlen(compile.code);
+  compile = compile_args(NOT_STABLEHLO, sizeof NOT_STABLEHLO - 1);
   CHECK_ERROR(rtpu_executable_compile(NULL, &compile, &exe), INVALID, "runtime");
   CHECK_ERROR(rtpu_executable_compile(rt, NULL, &exe), INVALID, "args");
   CHECK_ERROR(rtpu_executable_compile(rt, &compile, NULL), INVALID, "executable_out");
@@ -304,13 +285,7 @@ static void bad_programs_and_executions(rtpu_runtime *rt) {
 
   float data[4] = {1, 2, 3, 4};
   int64_t dims4[1] = {4}, dims22[2] = {2, 2};
-  rtpu_buffer_from_host_args upload = {0};
-  upload.struct_size = RTPU_BUFFER_FROM_HOST_ARGS_STRUCT_SIZE;
-  upload.data = data;
-  upload.data_size = sizeof data;
-  upload.dtype = RTPU_DTYPE_FLOAT32;
-  upload.dims = dims4;
-  upload.num_dims = 1;
+  rtpu_buffer_from_host_args upload = from_host_args(data, sizeof data, RTPU_DTYPE_FLOAT32, dims4, 1);
   rtpu_buffer *good = NULL, *wrong_shape = NULL, *wrong_dtype = NULL;
   CHECK_OK(rtpu_buffer_from_host(rt, &upload, &good));
   upload.dims = dims22;
@@ -322,10 +297,7 @@ static void bad_programs_and_executions(rtpu_runtime *rt) {
   CHECK_OK(rtpu_buffer_from_host(rt, &upload, &wrong_dtype));
 
   const rtpu_buffer *arguments[2] = {good, good};
-  rtpu_execute_args run = {0};
-  run.struct_size = RTPU_EXECUTE_ARGS_STRUCT_SIZE;
-  run.arguments = arguments;
-  run.num_args = 1;
+  rtpu_execute_args run = execute_args(arguments, 1);
   rtpu_buffer *outputs[1] = {NULL};
 
   CHECK_ERROR(rtpu_executable_execute(NULL, &run, outputs, 1), INVALID, "executable");

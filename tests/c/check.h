@@ -26,15 +26,31 @@ _Static_assert(RTPU_SHARDING_STRUCT_SIZE == sizeof(rtpu_sharding), "sharding");
  * returned reference). */
 static inline rtpu_tensor_ref f32_view(const rtpu_storage *s, int64_t offset, const int64_t *sizes,
                                        const int64_t *strides, size_t ndim) {
-  rtpu_tensor_ref ref;
-  memset(&ref, 0, sizeof ref);
-  ref.storage = s;
-  ref.storage_offset = offset;
-  ref.sizes = sizes;
-  ref.strides = strides;
-  ref.ndim = ndim;
-  ref.dtype = RTPU_DTYPE_FLOAT32;
-  return ref;
+  return (rtpu_tensor_ref){.storage = s, .storage_offset = offset, .sizes = sizes,
+                           .strides = strides, .ndim = ndim, .dtype = RTPU_DTYPE_FLOAT32};
+}
+
+/* Arguments that copy `data_size` bytes of `dtype` elements, shaped `dims`
+ * (borrowed), to device 0. */
+static inline rtpu_buffer_from_host_args from_host_args(const void *data, size_t data_size,
+                                                        uint32_t dtype, const int64_t *dims,
+                                                        size_t num_dims) {
+  return (rtpu_buffer_from_host_args){.struct_size = RTPU_BUFFER_FROM_HOST_ARGS_STRUCT_SIZE,
+                                      .data = data, .data_size = data_size, .dtype = dtype,
+                                      .dims = dims, .num_dims = num_dims};
+}
+
+/* Arguments that compile `code_size` bytes of StableHLO for one device. */
+static inline rtpu_compile_args compile_args(const char *code, size_t code_size) {
+  return (rtpu_compile_args){.struct_size = RTPU_COMPILE_ARGS_STRUCT_SIZE, .code = code,
+                             .code_size = code_size, .num_replicas = 1, .num_partitions = 1};
+}
+
+/* Arguments that run an executable on `num_args` buffers (borrowed), none
+ * donated. */
+static inline rtpu_execute_args execute_args(const rtpu_buffer *const *arguments, size_t num_args) {
+  return (rtpu_execute_args){.struct_size = RTPU_EXECUTE_ARGS_STRUCT_SIZE, .arguments = arguments,
+                             .num_args = num_args};
 }
 
 #define CHECK(cond)                                                          \
@@ -77,6 +93,14 @@ static inline void check_error(rtpu_error *err, unsigned code, const char *needl
 
 #define CHECK_ERROR(call, code, needle) check_error((call), (code), (needle), #call, __FILE__, __LINE__)
 
+/* A runtime on $RTPU_PLUGIN with the plugin's default options. */
+static inline rtpu_runtime *open_runtime(void) {
+  rtpu_runtime_open_args args = {.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE};
+  rtpu_runtime *rt = NULL;
+  CHECK_OK(rtpu_runtime_open(&args, &rt));
+  return rt;
+}
+
 /* The current value of the metric named `name`; exits if there is none. */
 static inline uint64_t metric(const char *name) {
   size_t index = 0;
@@ -101,22 +125,14 @@ static inline size_t find_op(const char *name) {
 /* Arguments of one collective on `rank`'s `input` (`root` for broadcast). */
 static inline rtpu_collective_args collective_args(uint32_t collective, uint32_t op, size_t rank,
                                                    size_t root, rtpu_tensor_ref input) {
-  rtpu_collective_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = RTPU_COLLECTIVE_ARGS_STRUCT_SIZE;
-  args.collective = collective;
-  args.reduce_op = op;
-  args.rank = rank;
-  args.root = root;
-  args.input = input;
-  return args;
+  return (rtpu_collective_args){.struct_size = RTPU_COLLECTIVE_ARGS_STRUCT_SIZE,
+                                .collective = collective, .reduce_op = op, .rank = rank,
+                                .root = root, .input = input};
 }
 
 /* Output `index` of `result`; its storage is a new reference for the caller. */
 static inline rtpu_op_output op_output(const rtpu_op_result *result, size_t index) {
-  rtpu_op_output out;
-  memset(&out, 0, sizeof out);
-  out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
+  rtpu_op_output out = {.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE};
   CHECK_OK(rtpu_op_result_get(result, index, &out));
   return out;
 }

@@ -163,9 +163,7 @@ static void bad_input(void) {
 }
 
 int main(void) {
-  rtpu_runtime_open_args open_args = {0};
-  open_args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
-  CHECK_OK(rtpu_runtime_open(&open_args, &g_runtime));
+  g_runtime = open_runtime();
   CHECK(rtpu_runtime_device_count(g_runtime) >= RANKS);
   const size_t devices[RANKS] = {0, 1, 2, 3};
   CHECK_OK(rtpu_communicator_new_local(g_runtime, devices, RANKS, &g_comm));

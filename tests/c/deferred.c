@@ -133,10 +133,7 @@ static void failed_check_keeps_old_values(rtpu_runtime *rt, const rtpu_storage *
 }
 
 int main(void) {
-  rtpu_runtime_open_args open_args = {0};
-  open_args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
-  rtpu_runtime *rt = NULL;
-  CHECK_OK(rtpu_runtime_open(&open_args, &rt));
+  rtpu_runtime *rt = open_runtime();
   rtpu_storage *x = NULL;
   CHECK_OK(rtpu_storage_new(rt, 0, 4 * sizeof(float), &x));
   const float data[4] = {1, 2, 3, 4}, squares[4] = {1, 4, 9, 16}, fourth[4] = {1, 16, 81, 256};

@@ -27,10 +27,7 @@ static int done(const rtpu_event *event) {
 }
 
 int main(void) {
-  rtpu_runtime_open_args open_args = {0};
-  open_args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
-  rtpu_runtime *rt = NULL;
-  CHECK_OK(rtpu_runtime_open(&open_args, &rt));
+  rtpu_runtime *rt = open_runtime();
   static float identity[256 * 256];
   for (int i = 0; i < 256; i++) identity[i * 256 + i] = 1;
   rtpu_storage *x = NULL;

@@ -17,15 +17,9 @@ static const char MATMUL_TANH[] =
     "}\n";
 
 static rtpu_buffer *upload(const rtpu_runtime *rt, const float *data, size_t count,
-                           const int64_t *dims, size_t num_dims, size_t device) {
-  rtpu_buffer_from_host_args args = {0};
-  args.struct_size = RTPU_BUFFER_FROM_HOST_ARGS_STRUCT_SIZE;
-  args.data = data;
-  args.data_size = count * sizeof(float);
-  args.dtype = RTPU_DTYPE_FLOAT32;
-  args.dims = dims;
-  args.num_dims = num_dims;
-  args.device_index = device;
+                           const int64_t *dims, size_t num_dims) {
+  rtpu_buffer_from_host_args args =
+      from_host_args(data, count * sizeof(float), RTPU_DTYPE_FLOAT32, dims, num_dims);
   rtpu_buffer *buffer = NULL;
   CHECK_OK(rtpu_buffer_from_host(rt, &args, &buffer));
   CHECK(buffer != NULL);
@@ -34,10 +28,7 @@ static rtpu_buffer *upload(const rtpu_runtime *rt, const float *data, size_t cou
 
 static void run_matmul(const rtpu_executable *exe, rtpu_buffer *a, rtpu_buffer *b, float out[4]) {
   const rtpu_buffer *arguments[2] = {a, b};
-  rtpu_execute_args args = {0};
-  args.struct_size = RTPU_EXECUTE_ARGS_STRUCT_SIZE;
-  args.arguments = arguments;
-  args.num_args = 2;
+  rtpu_execute_args args = execute_args(arguments, 2);
   rtpu_buffer *outputs[1] = {NULL};
   CHECK_OK(rtpu_executable_execute(exe, &args, outputs, 1));
   CHECK(outputs[0] != NULL);
@@ -87,8 +78,8 @@ int main(void) {
     b[i] = 2.0f * (float)rand() / (float)RAND_MAX - 1.0f;
   }
   const int64_t dims_a[2] = {2, 3}, dims_b[2] = {3, 2};
-  rtpu_buffer *da = upload(rt, a, 6, dims_a, 2, 0);
-  rtpu_buffer *db = upload(rt, b, 6, dims_b, 2, 0);
+  rtpu_buffer *da = upload(rt, a, 6, dims_a, 2);
+  rtpu_buffer *db = upload(rt, b, 6, dims_b, 2);
 
   uint32_t dtype = 0;
   size_t rank = 0, host_size = 0, device_size = 0;
@@ -104,12 +95,7 @@ int main(void) {
   CHECK_OK(rtpu_buffer_on_device_size(da, &device_size));
   CHECK(device_size >= sizeof a);
 
-  rtpu_compile_args compile = {0};
-  compile.struct_size = RTPU_COMPILE_ARGS_STRUCT_SIZE;
-  compile.code = MATMUL_TANH;
-  compile.code_size = sizeof MATMUL_TANH - 1;
-  compile.num_replicas = 1;
-  compile.num_partitions = 1;
+  rtpu_compile_args compile = compile_args(MATMUL_TANH, sizeof MATMUL_TANH - 1);
   rtpu_executable *exe = NULL;
   CHECK_OK(rtpu_executable_compile(rt, &compile, &exe));
   CHECK(rtpu_executable_num_devices(exe) == 1);

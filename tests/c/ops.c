@@ -22,10 +22,7 @@ static void check_metric_descriptions(void) {
 }
 
 int main(void) {
-  rtpu_runtime_open_args open_args = {0};
-  open_args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
-  rtpu_runtime *rt = NULL;
-  CHECK_OK(rtpu_runtime_open(&open_args, &rt));
+  rtpu_runtime *rt = open_runtime();
   CHECK(rtpu_op_count() > 0);
   CHECK(rtpu_op_name(rtpu_op_count()) == NULL);
 
@@ -127,8 +124,7 @@ int main(void) {
   CHECK_ERROR(rtpu_op_call(rt, find_op("aten::mul.Tensor"), args, 2, &result), INVALID, "Tensor");
   /* A storage of another runtime is refused, even one never written (which
    * has no buffer whose client could disagree), and s keeps its bytes. */
-  rtpu_runtime *other_rt = NULL;
-  CHECK_OK(rtpu_runtime_open(&open_args, &other_rt));
+  rtpu_runtime *other_rt = open_runtime();
   rtpu_storage *foreign = NULL;
   CHECK_OK(rtpu_storage_new(other_rt, 0, 6 * sizeof(float), &foreign));
   rtpu_tensor_ref foreign_whole = f32_view(foreign, 0, sizes, strides, 2);

@@ -103,17 +103,10 @@ static int t_barrier(void *context, char *error, size_t error_size) {
 static void t_release(void *context) { ((struct link *)context)->releases++; }
 
 static rtpu_host_transport transport_over(struct link *l) {
-  rtpu_host_transport t;
-  memset(&t, 0, sizeof t);
-  t.struct_size = RTPU_HOST_TRANSPORT_STRUCT_SIZE;
-  t.context = l;
-  t.all_reduce = t_all_reduce;
-  t.all_gather = t_all_gather;
-  t.all_to_all = t_all_to_all;
-  t.broadcast = t_broadcast;
-  t.barrier = t_barrier;
-  t.release = t_release;
-  return t;
+  return (rtpu_host_transport){.struct_size = RTPU_HOST_TRANSPORT_STRUCT_SIZE, .context = l,
+                               .all_reduce = t_all_reduce, .all_gather = t_all_gather,
+                               .all_to_all = t_all_to_all, .broadcast = t_broadcast,
+                               .barrier = t_barrier, .release = t_release};
 }
 
 static rtpu_runtime *g_runtime;
@@ -122,7 +115,7 @@ static rtpu_storage *upload(const float *values, size_t n) {
   rtpu_storage *s = NULL;
   CHECK_OK(rtpu_storage_new(g_runtime, 0, n * sizeof(float), &s));
   const int64_t sizes[1] = {(int64_t)n}, strides[1] = {1};
-  rtpu_tensor_ref ref = {s, 0, sizes, strides, 1, RTPU_DTYPE_FLOAT32};
+  rtpu_tensor_ref ref = f32_view(s, 0, sizes, strides, 1);
   CHECK_OK(rtpu_tensor_copy_from_host(&ref, values, n * sizeof(float)));
   return s;
 }
@@ -146,7 +139,7 @@ static size_t run(rtpu_communicator *comm, size_t rank, uint32_t collective, uin
     if (output != NULL) {
       count = rtpu_storage_nbytes(output) / sizeof(float);
       const int64_t out_sizes[1] = {(int64_t)count}, out_strides[1] = {1};
-      rtpu_tensor_ref ref = {output, 0, out_sizes, out_strides, 1, RTPU_DTYPE_FLOAT32};
+      rtpu_tensor_ref ref = f32_view(output, 0, out_sizes, out_strides, 1);
       CHECK_OK(rtpu_tensor_copy_to_host(&ref, out, count * sizeof(float)));
       rtpu_storage_release(output);
     }
@@ -167,9 +160,7 @@ static size_t run_ok(rtpu_communicator *comm, size_t rank, uint32_t collective, 
 static float v(size_t rank, size_t i) { return (float)(rank * 10 + i); }
 
 static void rank_main(size_t rank, int fd) {
-  rtpu_runtime_open_args open_args = {0};
-  open_args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
-  CHECK_OK(rtpu_runtime_open(&open_args, &g_runtime));
+  g_runtime = open_runtime();
   struct link l = {fd, rank, 0};
   rtpu_host_transport t = transport_over(&l);
   rtpu_communicator *comm = NULL;
@@ -208,11 +199,8 @@ static void rank_main(size_t rank, int fd) {
   const int64_t sizes[1] = {4}, strides[1] = {1};
   rtpu_tensor_ref ints_ref = {ints, 0, sizes, strides, 1, RTPU_DTYPE_INT32};
   CHECK_OK(rtpu_tensor_copy_from_host(&ints_ref, four, sizeof four));
-  rtpu_collective_args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = RTPU_COLLECTIVE_ARGS_STRUCT_SIZE;
-  args.rank = rank;
-  args.input = ints_ref;
+  rtpu_collective_args args =
+      collective_args(RTPU_COLLECTIVE_ALL_REDUCE, RTPU_REDUCE_SUM, rank, 0, ints_ref);
   rtpu_work *work = NULL;
   CHECK_OK(rtpu_collective_start(comm, &args, &work));
   CHECK_ERROR(rtpu_work_wait(work, kTimeoutMs, NULL), RTPU_ERROR_CODE_INTERNAL,

@@ -8,10 +8,7 @@
 enum { INVALID = RTPU_ERROR_CODE_INVALID_ARGUMENT };
 
 int main(void) {
-  rtpu_runtime_open_args open_args = {0};
-  open_args.struct_size = RTPU_RUNTIME_OPEN_ARGS_STRUCT_SIZE;
-  rtpu_runtime *rt = NULL;
-  CHECK_OK(rtpu_runtime_open(&open_args, &rt));
+  rtpu_runtime *rt = open_runtime();
   CHECK(rtpu_runtime_device_count(rt) >= 4);
 
   /* An 8x2 float storage: rows split in 4, one tile per device. */
