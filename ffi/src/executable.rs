@@ -1,10 +1,9 @@
 //! `rtpu_executable`: compiled StableHLO programs, their execution and
 //! serialisation.
 
-use std::collections::hash_map::DefaultHasher;
 use std::ffi::c_void;
-use std::hash::{Hash, Hasher};
 
+use rtpu_core::engine::disk_cache::hash128;
 use rtpu_core::runtime::{Buffer, CompileOptions, ExecuteOptions, LoadedExecutable};
 
 use crate::boundary::{
@@ -212,20 +211,8 @@ pub extern "C" fn rtpu_executable_execute(
 /// Starts what `rtpu_executable_serialize` writes, before a checksum and
 /// the plugin's bytes.
 const SERIALIZED_MAGIC: &[u8; 8] = b"RTPUEXE1";
+/// The checksum is the disk cache's `hash128` of the plugin's bytes.
 const CHECKSUM_BYTES: usize = 16;
-
-/// A 128-bit checksum of `payload` (two seeded SipHashes, as the disk
-/// cache's): it catches corruption, not a forger.
-fn checksum(payload: &[u8]) -> [u8; CHECKSUM_BYTES] {
-    let mut out = [0u8; CHECKSUM_BYTES];
-    for (seed, half) in out.chunks_exact_mut(8).enumerate() {
-        let mut h = DefaultHasher::new();
-        seed.hash(&mut h);
-        payload.hash(&mut h);
-        half.copy_from_slice(&h.finish().to_le_bytes());
-    }
-    out
-}
 
 /// The plugin's bytes inside `bytes`, once its magic and checksum hold.
 /// The plugin gets nothing else: it aborts the process on some corrupted
@@ -243,7 +230,7 @@ fn checked_payload(bytes: &[u8]) -> Result<&[u8], FfiError> {
     let (sum, payload) = body
         .split_at_checked(CHECKSUM_BYTES)
         .ok_or_else(|| not_ours("it is truncated"))?;
-    if sum != checksum(payload) {
+    if sum != hash128(&payload) {
         return Err(not_ours(
             "its checksum does not match (corrupted or truncated)",
         ));
@@ -267,7 +254,7 @@ pub extern "C" fn rtpu_executable_serialize(
         let payload = exe.serialize()?;
         let mut bytes = Vec::with_capacity(SERIALIZED_MAGIC.len() + CHECKSUM_BYTES + payload.len());
         bytes.extend_from_slice(SERIALIZED_MAGIC);
-        bytes.extend_from_slice(&checksum(&payload));
+        bytes.extend_from_slice(&hash128(&payload));
         bytes.extend_from_slice(&payload);
         bytes_out.write(Box::into_raw(Box::new(bytes)).cast());
         Ok(())

@@ -132,8 +132,9 @@ struct DiskKey<'a> {
     text: &'a str,
 }
 
-/// 128 bits from two seeded 64-bit hashes of `value`.
-fn hash128(value: &impl Hash) -> [u8; 16] {
+/// 128 bits from two seeded 64-bit hashes (SipHash) of `value`: a
+/// checksum that catches corruption, not a forger.
+pub fn hash128(value: &impl Hash) -> [u8; 16] {
     let mut out = [0u8; 16];
     for (seed, half) in out.chunks_exact_mut(8).enumerate() {
         let mut h = DefaultHasher::new();
