@@ -11,24 +11,13 @@ benchmark, not a test: numbers vary by machine.
 import argparse
 import datetime
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
-
-def timed(run, repeats):
-    """Median seconds of `run()` over `repeats` runs after one warm-up."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from timing import median_seconds
 
 
 def all_reduce_rows(max_mb, repeats):
@@ -40,13 +29,13 @@ def all_reduce_rows(max_mb, repeats):
         cpu = torch.ones(n)
         tpu = torch.ones(n, device="tpu")
         torch.tpu.synchronize()
-        t_gloo = timed(lambda: dist.all_reduce(cpu, group=gloo), repeats)
+        t_gloo = median_seconds(lambda: dist.all_reduce(cpu, group=gloo), repeats, warmup=1)
 
         def on_tpu():
             dist.all_reduce(tpu)
             torch.tpu.synchronize()
 
-        t_tpu = timed(on_tpu, repeats)
+        t_tpu = median_seconds(on_tpu, repeats, warmup=1)
         # Rank 0 alone, over devices of its own process (rank 1 waits in
         # its next all_reduce meanwhile).
         in_process = [in_process_time(n, devices, repeats) if dist.get_rank() == 0 else 0.0 for devices in (2, 4)]
@@ -65,7 +54,7 @@ def in_process_time(n, devices, repeats):
         rtpu.distributed.all_reduce_devices(tensors)
         torch.tpu.synchronize()
 
-    return timed(run, repeats)
+    return median_seconds(run, repeats, warmup=1)
 
 
 def ddp_step_time(repeats, world):
@@ -82,7 +71,7 @@ def ddp_step_time(repeats, world):
         optimizer.step()
         torch.tpu.synchronize()
 
-    return timed(step, repeats)
+    return median_seconds(step, repeats, warmup=1)
 
 
 def worker(args):

@@ -4,21 +4,10 @@
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 
-
-def time_per_call(fn, repeats, warmup=5):
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+from timing import median_seconds
 
 
 def small_add(device, repeats):
@@ -31,7 +20,7 @@ def small_add(device, repeats):
         if device != "cpu":
             torch.tpu.synchronize()
 
-    return time_per_call(run, repeats) / 100
+    return median_seconds(run, repeats, warmup=5) / 100
 
 
 def mlp_step(device, repeats):
@@ -50,7 +39,7 @@ def mlp_step(device, repeats):
         opt.step()
         loss.item()
 
-    return time_per_call(step, repeats)
+    return median_seconds(step, repeats, warmup=5)
 
 
 def main():

@@ -30,13 +30,13 @@ import time
 os.environ["RTPU_CACHE_DIR"] = tempfile.mkdtemp(prefix="rtpu-bench-cache-")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import rtpu  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 from gpt import GPT  # noqa: E402  (the examples' and tests' GPT)
+from training import train_step  # noqa: E402  (and their training step)
 
 
 def mlp_setup(device):
@@ -60,15 +60,6 @@ def gpt_setup(device):
 
 
 MODELS = {"mlp": mlp_setup, "gpt": gpt_setup}
-
-
-def train_step(model, optimizer, x, y):
-    optimizer.zero_grad()
-    logits = model(x)
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-    loss.backward()
-    optimizer.step()
-    return loss
 
 
 def run_cpu(name, steps, warmup, backend=None):

@@ -22,12 +22,12 @@ import sys
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import torch_xla
 import torch_xla.core.xla_model as xm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 from gpt import GPT  # noqa: E402  (the GPT rtpu's benchmark runs)
+from training import train_step  # noqa: E402  (and the step it times)
 
 MLP_BATCH = 128
 LAYERS, D, HEADS, T, GPT_BATCH, VOCAB = 4, 256, 4, 128, 8, 1024
@@ -58,15 +58,6 @@ def sync():
         torch_xla.sync()
     else:
         xm.mark_step()
-
-
-def train_step(model, optimizer, inputs, labels):
-    optimizer.zero_grad()
-    logits = model(inputs)
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-    loss.backward()
-    optimizer.step()
-    return loss
 
 
 def main():

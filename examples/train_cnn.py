@@ -4,10 +4,11 @@ labels come from a fixed random "teacher", so there is something to learn.
 """
 
 import argparse
-import time
 
 import torch
 import torchvision
+
+from training import train
 
 
 def main():
@@ -22,21 +23,11 @@ def main():
     model = torchvision.models.resnet18(num_classes=10).to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    start = time.perf_counter()
-    for step in range(args.steps):
+    def next_batch():
         x = torch.randn(args.batch, 3, 32, 32)
-        y = teacher(x).argmax(dim=1)
-        x, y = x.to(args.device), y.to(args.device)
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        print(f"step {step:3d}  loss {loss.item():.4f}")
-    print(f"{args.steps} steps in {time.perf_counter() - start:.2f}s on {args.device}")
-    if args.device.startswith("tpu"):
-        import rtpu
+        return x, teacher(x).argmax(dim=1)
 
-        print(rtpu.metrics())
+    train(model, optimizer, next_batch, args.steps, args.device)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,11 @@ rtpu's metrics.
 """
 
 import argparse
-import time
 
 import torch
-import torch.nn.functional as F
 
 from gpt import GPT
+from training import train
 
 
 def main():
@@ -23,23 +22,14 @@ def main():
     vocab, context = 64, 32
     model = GPT(vocab, d=64, heads=4, layers=2, context=context).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    start = time.perf_counter()
-    for step in range(args.steps):
+
+    def next_batch():
         # Sequences that count up from a random start, modulo the vocabulary.
         first = torch.randint(0, vocab, (8, 1))
         seq = (first + torch.arange(context + 1)) % vocab
-        x, y = seq[:, :-1].to(args.device), seq[:, 1:].to(args.device)
-        optimizer.zero_grad()
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
-        loss.backward()
-        optimizer.step()
-        print(f"step {step:3d}  loss {loss.item():.4f}")
-    print(f"{args.steps} steps in {time.perf_counter() - start:.2f}s on {args.device}")
-    if args.device.startswith("tpu"):
-        import rtpu
+        return seq[:, :-1], seq[:, 1:]
 
-        print(rtpu.metrics())
+    train(model, optimizer, next_batch, args.steps, args.device)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,17 @@
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
 import torch
 
 import rtpu  # noqa: F401  (registers the device when autoload is off)
+
+# The examples' modules the tests share with them and the benchmarks: the
+# GPT (gpt) and the training step (training).
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 
 # A compile cache of the session's own: tests count compiles, and the user's
 # cache stays untouched.

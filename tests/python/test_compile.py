@@ -8,34 +8,13 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import rtpu
-from test_models import assert_close_to_max, small_gpt, assert_loss_goes_down, image_batches, small_cnn, token_batches
+from test_models import assert_close_to_max, small_gpt, image_batches, small_cnn, token_batches, train, train_on_tpu_and_cpu
 from test_step import mlp, mlp_batches
+from training import train_step
 
 DEVICE = "tpu"
-
-
-def train_step(model, optimizer, x, y):
-    optimizer.zero_grad()
-    logits = model(x)
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-    loss.backward()
-    optimizer.step()
-    return loss
-
-
-def train(device, make_model, make_optimizer, batches, steps, seed, compiled):
-    torch.manual_seed(seed)
-    model = make_model().to(device)
-    optimizer = make_optimizer(model.parameters())
-    step = torch.compile(train_step, backend="tpu") if compiled else train_step
-    losses = []
-    for i in range(steps):
-        x, y = batches[i % len(batches)]
-        losses.append(step(model, optimizer, x.to(device), y.to(device)).detach())
-    return [loss.item() for loss in losses], model
 
 
 # (model, optimizer, batches, (rtol, atol) of the loss curve). Measured
@@ -58,20 +37,11 @@ def fresh_dynamo():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_compiled_train_step_gives_cpu_eager_loss_curve_by_replaying(name):
     make_model, make_optimizer, make_batches, (rtol, atol) = CASES[name]
-    seed = torch.seed() % 2**31
-    print(f"{name}: seed {seed}")  # shown on failure, to replay it
-    batches = make_batches(seed)
-    steps = 8
-    before = rtpu.metrics()
-    tpu_losses, tpu_model = train(DEVICE, make_model, make_optimizer, batches, steps, seed, compiled=True)
-    after = rtpu.metrics()
-    cpu_losses, cpu_model = train("cpu", make_model, make_optimizer, batches, steps, seed, compiled=False)
-    torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=rtol, atol=atol)
-    assert_loss_goes_down(tpu_losses, len(batches))
-    assert after["cpu_fallbacks"] == before["cpu_fallbacks"], "an op fell back to the CPU"
+    _, tpu, cpu = train_on_tpu_and_cpu(name, make_model, make_optimizer, make_batches, steps=8, mode="compile")
+    torch.testing.assert_close(torch.tensor(tpu.losses), torch.tensor(cpu.losses), rtol=rtol, atol=atol)
     # Buffers the compiled forward mutates (BatchNorm statistics) match too:
     # measured within 1.5e-6 of each one's largest value, so 2e-5.
-    for (n, b), (_, c) in zip(tpu_model.named_buffers(), cpu_model.named_buffers()):
+    for (n, b), (_, c) in zip(tpu.model.named_buffers(), cpu.model.named_buffers()):
         if b.is_floating_point():
             assert_close_to_max(b.cpu(), c, 2e-5, n)
         else:
@@ -131,7 +101,7 @@ def test_a_compiled_adamw_with_cpu_step_counts_replays_and_keeps_its_state():
         cpu_optimizer.append(torch.optim.AdamW(params, lr=1e-2))
         return cpu_optimizer[0]
 
-    cpu_losses, _ = train("cpu", mlp, cpu_adamw, [(x.cpu(), y.cpu()) for x, y in batches], steps, seed, False)
+    cpu_losses, _ = train("cpu", mlp, cpu_adamw, [(x.cpu(), y.cpu()) for x, y in batches], steps, seed)
     torch.testing.assert_close(torch.tensor([loss.item() for loss in losses]), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-6)
     # The moments are sums of gradients; compared as whole tensors: the
     # parameters divide by tiny second moments, which amplifies rounding, and
@@ -320,7 +290,7 @@ def test_training_with_a_dynamic_dim_gives_cpu_losses_and_compiles_once_per_buck
     print(f"{name}: seed {seed}")
     g = torch.Generator().manual_seed(seed)
     batches = [make_batch(g, n) for n in DYNAMIC_SIZES]
-    expected, cpu_model = train("cpu", make_model, make_optimizer, batches, len(batches), seed, False)
+    expected, cpu_model = train("cpu", make_model, make_optimizer, batches, len(batches), seed)
 
     torch.manual_seed(seed)
     model = make_model().to(DEVICE)
@@ -434,7 +404,7 @@ def test_compiled_graphs_called_inside_a_step_join_its_one_program():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     step = torch.compile(train_step, backend="tpu")
     batches = mlp_batches(3)
-    cpu_losses, _ = train("cpu", mlp, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), batches, 6, 0, False)
+    cpu_losses, _ = train("cpu", mlp, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), batches, 6, 0)
     losses = []
     for i in range(6):
         x, y = batches[i % len(batches)]

@@ -315,56 +315,51 @@ def run_trainer(net, data, seed, out, resume=None, **arguments):
     return args.device, [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
-def test_trainer_and_accelerate_choose_tpu_and_train_as_on_cpu(tmp_path):
-    # Both ask torch.accelerator.current_accelerator(), which rtpu's
-    # registration makes tpu: no argument names the device.
-    transformers = pytest.importorskip("transformers")
-    from accelerate.state import AcceleratorState, PartialState
-
-    transformers.logging.set_verbosity_error()
-    seed = fresh_seed()
-    torch.manual_seed(seed)
-    model = tiny_gpt2()
-    reference = copy.deepcopy(model)
-    data = TokenDataset(seed)
-    try:
-        assert PartialState().device.type == "tpu"
-        device, losses = run_trainer(model, data, seed, tmp_path, max_steps=STEPS, save_strategy="no")
-        _, expected = run_trainer(reference, data, seed, tmp_path, max_steps=STEPS, save_strategy="no",
-                                  use_cpu=True)
-    finally:
-        AcceleratorState._reset_state(True)
-    assert device == torch.device("tpu:0") and model.lm_head.weight.is_tpu
-    assert model.lm_head.weight is model.transformer.wte.weight
-    assert len(losses) == STEPS
-    torch.testing.assert_close(losses, expected, rtol=LOSS_RTOL, atol=0)
-
-
-def test_a_trainer_with_bf16_checkpointing_fused_adamw_and_resume_trains_as_on_cpu(tmp_path):
-    # The options a fine-tune script sets: bf16 autocast, gradient
-    # checkpointing, the fused AdamW, checkpoints every few steps; then a
-    # fresh model resumes from the middle checkpoint and ends where the
-    # uninterrupted run did.
+@pytest.fixture
+def trainer_inputs():
+    """A fresh seed's tiny GPT-2 and its TokenDataset, with transformers
+    quiet; accelerate's per-process state is reset afterwards."""
     transformers = pytest.importorskip("transformers")
     from accelerate.state import AcceleratorState
 
     transformers.logging.set_verbosity_error()
     seed = fresh_seed()
     torch.manual_seed(seed)
-    initial = tiny_gpt2()
-    data = TokenDataset(seed)
+    yield seed, tiny_gpt2(), TokenDataset(seed)
+    AcceleratorState._reset_state(True)
+
+
+def test_trainer_and_accelerate_choose_tpu_and_train_as_on_cpu(tmp_path, trainer_inputs):
+    # Both ask torch.accelerator.current_accelerator(), which rtpu's
+    # registration makes tpu: no argument names the device.
+    from accelerate.state import PartialState
+
+    seed, model, data = trainer_inputs
+    reference = copy.deepcopy(model)
+    assert PartialState().device.type == "tpu"
+    device, losses = run_trainer(model, data, seed, tmp_path, max_steps=STEPS, save_strategy="no")
+    _, expected = run_trainer(reference, data, seed, tmp_path, max_steps=STEPS, save_strategy="no", use_cpu=True)
+    assert device == torch.device("tpu:0") and model.lm_head.weight.is_tpu
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert len(losses) == STEPS
+    torch.testing.assert_close(losses, expected, rtol=LOSS_RTOL, atol=0)
+
+
+def test_a_trainer_with_bf16_checkpointing_fused_adamw_and_resume_trains_as_on_cpu(tmp_path, trainer_inputs):
+    # The options a fine-tune script sets: bf16 autocast, gradient
+    # checkpointing, the fused AdamW, checkpoints every few steps; then a
+    # fresh model resumes from the middle checkpoint and ends where the
+    # uninterrupted run did.
+    seed, initial, data = trainer_inputs
     steps, every = 8, 4
     options = dict(max_steps=steps, save_steps=every, bf16=True, gradient_checkpointing=True,
                    optim="adamw_torch_fused")
-    try:
-        model = copy.deepcopy(initial)
-        _, losses = run_trainer(model, data, seed, tmp_path / "tpu", **options)
-        _, expected = run_trainer(copy.deepcopy(initial), data, seed, tmp_path / "cpu", use_cpu=True, **options)
-        resumed_model = copy.deepcopy(initial)
-        checkpoint = str(tmp_path / "tpu" / f"checkpoint-{every}")
-        _, resumed = run_trainer(resumed_model, data, seed, tmp_path / "tpu", resume=checkpoint, **options)
-    finally:
-        AcceleratorState._reset_state(True)
+    model = copy.deepcopy(initial)
+    _, losses = run_trainer(model, data, seed, tmp_path / "tpu", **options)
+    _, expected = run_trainer(copy.deepcopy(initial), data, seed, tmp_path / "cpu", use_cpu=True, **options)
+    resumed_model = copy.deepcopy(initial)
+    checkpoint = str(tmp_path / "tpu" / f"checkpoint-{every}")
+    _, resumed = run_trainer(resumed_model, data, seed, tmp_path / "tpu", resume=checkpoint, **options)
     fallbacks = dict(rtpu.metrics()["cpu_fallbacks"])
     assert not {op for op in fallbacks if "adam" in op}, fallbacks
     assert len(losses) == steps and model.lm_head.weight is model.transformer.wte.weight

@@ -14,17 +14,15 @@ eval mode is checked where drift cannot hide an error: the first
 BatchNorm's running statistics (fed by the data and one conv), and the eval
 forward of the trained weights against CPU's forward of the same weights."""
 
-import os
-import sys
+import collections
+import contextlib
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import rtpu
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
-from gpt import GPT  # noqa: E402  (the examples' and benchmarks' GPT)
+from gpt import GPT  # the examples' and benchmarks' GPT (conftest finds it)
+from training import train_step  # and their training step
 
 DEVICE = "tpu"
 STEPS = 10
@@ -63,20 +61,51 @@ def token_batches(seed):
     return [(t[:, :-1], t[:, 1:]) for t in (torch.randint(0, 64, (4, 17), generator=g) for _ in range(2))]
 
 
-def train(device, make_model, make_optimizer, batches, seed):
+def train(device, make_model, make_optimizer, batches, steps, seed, mode="eager", layout=None):
+    """Losses and the model after `steps` steps over `batches`, run op by op
+    ("eager"), each as one program (`rtpu.step()`: "step") or by a compiled
+    step (`torch.compile`: "compile"); `layout` (test_spmd's) splits
+    parameters and batches over a mesh."""
     torch.manual_seed(seed)
     model = make_model().to(device)
+    if layout is not None:
+        layout.model(model)
     optimizer = make_optimizer(model.parameters())
+    step = torch.compile(train_step, backend="tpu") if mode == "compile" else train_step
     losses = []
-    for step in range(STEPS):
-        x, y = (t.to(device) for t in batches[step % len(batches)])
-        optimizer.zero_grad()
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses, model
+    for i in range(steps):
+        x, y = batches[i % len(batches)]
+        with rtpu.step() if mode == "step" else contextlib.nullcontext():
+            x, y = x.to(device), y.to(device)
+            if layout is not None:
+                layout.batch(x, y)
+            loss = step(model, optimizer, x, y)
+        # Read after the loop: nothing waits for the device inside it.
+        losses.append(loss.detach())
+    return [loss.item() for loss in losses], model
+
+
+# A training run: its losses, its model and, on tpu, how much each of
+# rtpu's counters grew during it.
+Run = collections.namedtuple("Run", "losses model counted")
+
+
+def train_on_tpu_and_cpu(name, make_model, make_optimizer, make_batches, steps, mode):
+    """Trains case `name` from a fresh seed (printed, to replay a failure) on
+    tpu in `mode` (see `train`) and on CPU eager; checks what every case
+    must: the tpu loss goes down and no op fell back to the CPU. Returns the
+    batches, the tpu run and the CPU run."""
+    seed = torch.seed() % 2**31
+    print(f"{name}: seed {seed}")  # shown on failure, to replay it
+    batches = make_batches(seed)
+    before = rtpu.metrics()
+    tpu_losses, tpu_model = train(DEVICE, make_model, make_optimizer, batches, steps, seed, mode)
+    after = rtpu.metrics()
+    assert after["cpu_fallbacks"] == before["cpu_fallbacks"], "an op fell back to the CPU"
+    assert_loss_goes_down(tpu_losses, len(batches))
+    counted = {k: after[k] - before[k] for k, v in after.items() if isinstance(v, int)}
+    cpu_losses, cpu_model = train("cpu", make_model, make_optimizer, batches, steps, seed)
+    return batches, Run(tpu_losses, tpu_model, counted), Run(cpu_losses, cpu_model, None)
 
 
 class Tolerances:
@@ -135,26 +164,19 @@ def first_batch_norm(model):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_loss_curve_matches_cpu_without_fallback(name):
     make_model, make_optimizer, make_batches, tolerances = CASES[name]
-    seed = torch.seed() % 2**31
-    print(f"{name}: seed {seed}")  # shown on failure, to replay it
-    batches = make_batches(seed)
-    fallbacks_before = dict(rtpu.metrics()["cpu_fallbacks"])
-    tpu_losses, tpu_model = train(DEVICE, make_model, make_optimizer, batches, seed)
-    assert rtpu.metrics()["cpu_fallbacks"] == fallbacks_before, "an op fell back to the CPU"
-    cpu_losses, cpu_model = train("cpu", make_model, make_optimizer, batches, seed)
+    batches, tpu, cpu = train_on_tpu_and_cpu(name, make_model, make_optimizer, make_batches, STEPS, mode="eager")
     # Before any update only the forward's rounding differs.
-    torch.testing.assert_close(tpu_losses[0], cpu_losses[0], rtol=1e-5, atol=0)
+    torch.testing.assert_close(tpu.losses[0], cpu.losses[0], rtol=1e-5, atol=0)
     curve_rtol, curve_atol = tolerances.curve
-    torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=curve_rtol, atol=curve_atol)
-    assert_loss_goes_down(tpu_losses, len(batches))
+    torch.testing.assert_close(torch.tensor(tpu.losses), torch.tensor(cpu.losses), rtol=curve_rtol, atol=curve_atol)
     if tolerances.stats is not None:
-        tpu_norm, cpu_norm = first_batch_norm(tpu_model), first_batch_norm(cpu_model)
+        tpu_norm, cpu_norm = first_batch_norm(tpu.model), first_batch_norm(cpu.model)
         for stat, tolerance in zip(("running_mean", "running_var"), tolerances.stats):
             assert_close_to_max(getattr(tpu_norm, stat).cpu(), getattr(cpu_norm, stat), tolerance, stat)
     # Eval mode (running BatchNorm statistics) computes what CPU computes
     # from the same weights and statistics.
-    tpu_model.eval()
-    cpu_model.load_state_dict({k: v.cpu() for k, v in tpu_model.state_dict().items()})
-    cpu_model.eval()
+    tpu.model.eval()
+    cpu.model.load_state_dict({k: v.cpu() for k, v in tpu.model.state_dict().items()})
+    cpu.model.eval()
     x = batches[0][0]
-    assert_close_to_max(tpu_model(x.to(DEVICE)).detach().cpu(), cpu_model(x).detach(), EVAL_TOLERANCE, "eval logits")
+    assert_close_to_max(tpu.model(x.to(DEVICE)).detach().cpu(), cpu.model(x).detach(), EVAL_TOLERANCE, "eval logits")

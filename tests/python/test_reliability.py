@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import rtpu
-from test_compile import train_step
 from test_step import mse_steps
+from training import train_step
 
 DEVICE = "tpu"
 

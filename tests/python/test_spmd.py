@@ -17,8 +17,7 @@ import torch.nn.functional as F
 import rtpu
 from rtpu.distributed import Mesh, distribute_tensor, get_sharding, mark_sharding
 from conftest import assert_matches_cpu
-from test_models import small_gpt, token_batches
-from test_step import train
+from test_models import small_gpt, token_batches, train
 
 DEVICE = "tpu"
 
@@ -75,10 +74,10 @@ def test_eager_ops_on_sharded_tensors_run_partitioned_and_match_cpu():
     assert get_sharding(y) is not None  # the result stays on the mesh
 
 
-def train_gpt(seed, layout=None, steps=6, step_mode=True):
+def train_gpt(seed, layout=None, steps=6, mode="step"):
     """Losses of the small GPT trained with AdamW, and the model."""
     adamw = lambda ps: torch.optim.AdamW(ps, lr=3e-3)  # noqa: E731
-    return train(DEVICE, small_gpt, adamw, token_batches(seed), steps, seed, step_mode, layout)
+    return train(DEVICE, small_gpt, adamw, token_batches(seed), steps, seed, mode, layout)
 
 
 class Layout:
@@ -220,8 +219,8 @@ def test_the_gpt_trains_eagerly_on_sharded_tensors_with_one_devices_losses():
     # no rtpu.step() trains the same network.
     seed = torch.seed() % 2**31
     print(f"seed {seed}")  # shown on failure, to replay it
-    expected, _ = train_gpt(seed, steps=3, step_mode=False)
-    losses, _ = train_gpt(seed, data_and_model(Mesh((2, 2), ("data", "model"))), steps=3, step_mode=False)
+    expected, _ = train_gpt(seed, steps=3, mode="eager")
+    losses, _ = train_gpt(seed, data_and_model(Mesh((2, 2), ("data", "model"))), steps=3, mode="eager")
     torch.testing.assert_close(losses, expected, rtol=LOSS_RTOL, atol=0)
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import rtpu
-from test_models import assert_close_to_max, small_gpt, assert_loss_goes_down, image_batches, small_cnn, token_batches
+from test_models import assert_close_to_max, small_gpt, image_batches, small_cnn, token_batches, train_on_tpu_and_cpu
 
 DEVICE = "tpu"
 
@@ -32,31 +32,6 @@ def mlp():
 def mlp_batches(seed, batch=16):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(batch, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)) for _ in range(4)]
-
-
-def train(device, make_model, make_optimizer, batches, steps, seed, step_mode, layout=None):
-    """Losses and the model; `layout` (test_spmd's) splits parameters and
-    batches over a mesh."""
-    torch.manual_seed(seed)
-    model = make_model().to(device)
-    if layout is not None:
-        layout.model(model)
-    optimizer = make_optimizer(model.parameters())
-    losses = []
-    for i in range(steps):
-        x, y = batches[i % len(batches)]
-        with rtpu.step() if step_mode else torch.enable_grad():
-            x, y = x.to(device), y.to(device)
-            if layout is not None:
-                layout.batch(x, y)
-            optimizer.zero_grad()
-            logits = model(x)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-            loss.backward()
-            optimizer.step()
-        # Read after the loop: nothing waits for the device inside it.
-        losses.append(loss.detach())
-    return [loss.item() for loss in losses], model
 
 
 # (model, optimizer, batches, rtol of the loss curve, tolerance of the
@@ -78,22 +53,14 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_step_mode_gives_cpu_eager_loss_curve_as_one_program_per_step(name):
     make_model, make_optimizer, make_batches, loss_rtol, weights_tolerance = CASES[name]
-    seed = torch.seed() % 2**31
-    print(f"{name}: seed {seed}")  # shown on failure, to replay it
-    batches = make_batches(seed)
     steps = 8
-    before = rtpu.metrics()
-    tpu_losses, tpu_model = train(DEVICE, make_model, make_optimizer, batches, steps, seed, step_mode=True)
-    after = rtpu.metrics()
-    cpu_losses, cpu_model = train("cpu", make_model, make_optimizer, batches, steps, seed, step_mode=False)
-    torch.testing.assert_close(torch.tensor(tpu_losses), torch.tensor(cpu_losses), rtol=loss_rtol, atol=0)
-    assert_loss_goes_down(tpu_losses, len(batches))
-    assert after["cpu_fallbacks"] == before["cpu_fallbacks"], "an op fell back to the CPU"
+    _, tpu, cpu = train_on_tpu_and_cpu(name, make_model, make_optimizer, make_batches, steps, mode="step")
+    torch.testing.assert_close(torch.tensor(tpu.losses), torch.tensor(cpu.losses), rtol=loss_rtol, atol=0)
     # Every op of a step was recorded, and each step ran as one program.
-    assert after["ops_run"] == before["ops_run"]
-    assert after["graph_executions"] - before["graph_executions"] == steps
+    assert tpu.counted["ops_run"] == 0
+    assert tpu.counted["graph_executions"] == steps
     if weights_tolerance is not None:
-        for (n, p), (_, q) in zip(tpu_model.named_parameters(), cpu_model.named_parameters()):
+        for (n, p), (_, q) in zip(tpu.model.named_parameters(), cpu.model.named_parameters()):
             assert_close_to_max(p.detach().cpu(), q.detach(), weights_tolerance, n)
 
 
