@@ -392,16 +392,11 @@ impl LoadedExecutable {
             output_shardings: None,
             collectives: None,
         };
+        let plugin = &exe.client.plugin;
         let mut args = sys::PJRT_LoadedExecutable_AddressableDevices_Args::new();
         args.executable = exe.raw;
         // SAFETY: live executable.
-        unsafe {
-            pjrt_call!(
-                exe.client.plugin,
-                PJRT_LoadedExecutable_AddressableDevices,
-                &mut args
-            )
-        }?;
+        unsafe { pjrt_call!(plugin, PJRT_LoadedExecutable_AddressableDevices, &mut args) }?;
         if args.num_addressable_devices > 0 {
             // SAFETY: PJRT returns `num_addressable_devices` device pointers
             // owned by the client.
@@ -446,16 +441,11 @@ impl LoadedExecutable {
     }
 
     fn view(&self) -> Result<ExecutableView<'_>> {
+        let plugin = &self.client.plugin;
         let mut args = sys::PJRT_LoadedExecutable_GetExecutable_Args::new();
         args.loaded_executable = self.raw;
         // SAFETY: live executable.
-        unsafe {
-            pjrt_call!(
-                self.client.plugin,
-                PJRT_LoadedExecutable_GetExecutable,
-                &mut args
-            )
-        }?;
+        unsafe { pjrt_call!(plugin, PJRT_LoadedExecutable_GetExecutable, &mut args) }?;
         Ok(ExecutableView {
             owner: self,
             raw: args.executable,
