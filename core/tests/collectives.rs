@@ -213,37 +213,28 @@ fn a_rank_that_never_comes_fails_the_collective_for_every_rank_in_time() {
 fn bad_parts_are_refused_on_the_rank_that_passes_them() {
     let client = common::cpu_client();
     let comm = Communicator::local(client, &[0, 1]).unwrap();
+    // Rank 0 submits `collective` on `part`; the error must say `expected`.
+    let refused = |collective: Collective, part: Tensor, expected: &str| {
+        let err = comm.submit(0, collective, Some(part)).err().unwrap();
+        assert!(err.to_string().contains(expected), "{err}");
+    };
     let on_device_1 = tensor(client, 1, &[1.0; 4], &[4]);
-    let err = comm
-        .submit(
-            0,
-            Collective::AllReduce(ReduceOp::Sum),
-            Some(on_device_1.clone()),
-        )
-        .err()
-        .unwrap();
-    assert!(
-        err.to_string()
-            .contains("a tensor on the rank's device tpu:0"),
-        "{err}"
+    refused(
+        Collective::AllReduce(ReduceOp::Sum),
+        on_device_1,
+        "a tensor on the rank's device tpu:0",
     );
     let odd = tensor(client, 0, &[1.0; 3], &[3]);
-    let err = comm
-        .submit(0, Collective::ReduceScatter(ReduceOp::Sum), Some(odd))
-        .err()
-        .unwrap();
-    assert!(
-        err.to_string().contains("dim 0 divisible by the 2 ranks"),
-        "{err}"
+    refused(
+        Collective::ReduceScatter(ReduceOp::Sum),
+        odd,
+        "dim 0 divisible by the 2 ranks",
     );
     let t = tensor(client, 0, &[1.0; 4], &[4]);
-    let err = comm
-        .submit(0, Collective::Broadcast { root: 2 }, Some(t.clone()))
-        .err()
-        .unwrap();
-    assert!(
-        err.to_string().contains("root: expected a rank below 2"),
-        "{err}"
+    refused(
+        Collective::Broadcast { root: 2 },
+        t,
+        "root: expected a rank below 2",
     );
     assert!(comm.submit(2, Collective::Barrier, None).is_err());
     assert!(comm.submit(0, Collective::AllGather, None).is_err());
@@ -256,13 +247,10 @@ fn bad_parts_are_refused_on_the_rank_that_passes_them() {
         dtype: DType::I32,
         dims: vec![4],
     };
-    let err = comm
-        .submit(0, Collective::AllReduce(ReduceOp::Avg), Some(ints))
-        .err()
-        .unwrap();
-    assert!(
-        err.to_string().contains("floating-point dtype for Avg"),
-        "{err}"
+    refused(
+        Collective::AllReduce(ReduceOp::Avg),
+        ints,
+        "floating-point dtype for Avg",
     );
     assert!(Communicator::local(client, &[0, 0]).is_err());
     assert!(Communicator::local(client, &[9]).is_err());

@@ -57,6 +57,14 @@ fn compile_matmul_tanh(client: &Client, seed: &str) -> MatmulTanh {
     MatmulTanh { exe, a, b, da, db }
 }
 
+/// Options that donate argument `index`.
+fn donating(index: usize) -> ExecuteOptions {
+    ExecuteOptions {
+        donate: vec![index],
+        ..Default::default()
+    }
+}
+
 fn matmul_tanh(client: &Client) {
     let MatmulTanh { exe, a, b, da, db } = compile_matmul_tanh(client, "matmul_tanh");
     let out = exe
@@ -367,29 +375,13 @@ module @add_one {
     assert_eq!(download(&kept), vec![1.0, 2.0, 3.0, 4.0]);
 
     let donated = upload(client, &[1.0, 2.0, 3.0, 4.0], &[4], &device);
-    let out = exe
-        .execute(
-            &[&[&donated]],
-            &ExecuteOptions {
-                donate: vec![0],
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let out = exe.execute(&[&[&donated]], &donating(0)).unwrap();
     assert!(donated.is_deleted().unwrap());
     assert_eq!(download(&out[0][0]), vec![2.0, 3.0, 4.0, 5.0]);
     // Reading a donated buffer is an error, not a crash.
     assert!(donated.to_host().is_err());
 
-    let err = exe
-        .execute(
-            &[&[&kept]],
-            &ExecuteOptions {
-                donate: vec![1],
-                ..Default::default()
-            },
-        )
-        .unwrap_err();
+    let err = exe.execute(&[&[&kept]], &donating(1)).unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
 }
 
