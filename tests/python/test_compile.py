@@ -19,10 +19,11 @@ DEVICE = "tpu"
 
 # (model, optimizer, batches, (rtol, atol) of the loss curve). Measured
 # over 6 fresh seeds: within 1.4e-6 relative (gpt; 1.2e-7 mlp and cnn), so
-# rtol 2e-5 is a 15x margin.
+# rtol 2e-5 is a 15x margin. The cnn's ReLU can flip a gradient element
+# outright (see test_models' CASES): 1e-4 there.
 CASES = {
     "mlp": (mlp, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), mlp_batches, (2e-5, 0)),
-    "cnn": (small_cnn, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), image_batches, (2e-5, 0)),
+    "cnn": (small_cnn, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), image_batches, (1e-4, 0)),
     "gpt": (small_gpt, lambda ps: torch.optim.AdamW(ps, lr=3e-3), token_batches, (2e-5, 0)),
 }
 
@@ -40,10 +41,11 @@ def test_a_compiled_train_step_gives_cpu_eager_loss_curve_by_replaying(name):
     _, tpu, cpu = train_on_tpu_and_cpu(name, make_model, make_optimizer, make_batches, steps=8, mode="compile")
     torch.testing.assert_close(torch.tensor(tpu.losses), torch.tensor(cpu.losses), rtol=rtol, atol=atol)
     # Buffers the compiled forward mutates (BatchNorm statistics) match too:
-    # measured within 1.5e-6 of each one's largest value, so 2e-5.
+    # measured within 1.5e-6 of each one's largest value, 2.9e-5 after a
+    # ReLU flip (see CASES), so 1e-4.
     for (n, b), (_, c) in zip(tpu.model.named_buffers(), cpu.model.named_buffers()):
         if b.is_floating_point():
-            assert_close_to_max(b.cpu(), c, 2e-5, n)
+            assert_close_to_max(b.cpu(), c, 1e-4, n)
         else:
             assert torch.equal(b.cpu(), c), n
 

@@ -126,7 +126,11 @@ EVAL_TOLERANCE = 3e-5
 # (model, optimizer, batches, tolerances). Measured maxima, over 8-12 seeds:
 # - gpt: loss 2.6e-7 relative (20x margin).
 # - cnn: loss 1.2e-7 relative; first BatchNorm's statistics 7.6e-7 of their
-#   largest value (about 10x margins).
+#   largest value (about 10x margins). But seed 2019768258 reached 3.4e-5 at
+#   step 9: from step 4 on, where a value next to ReLU's kink at 0 rounds to
+#   the other side, one gradient element differs outright and momentum
+#   carries it (first BatchNorm's running mean: 4.1e-5). 1e-4 allows that;
+#   a wrong formula is off by far more.
 # - resnet18: loss 4.1e-3 absolute on losses of 0.3-1.3 (median 8e-4), but
 #   seed 1338365458 reached 1.54e-2 at step 5 (small batches through
 #   BatchNorm amplify rounding): 2.5e-2 allowed; first BatchNorm's running
@@ -145,7 +149,7 @@ CASES = {
         small_cnn,
         lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
         image_batches,
-        Tolerances(curve=(1e-6, 0), stats=(1e-5, 1e-5)),
+        Tolerances(curve=(1e-4, 0), stats=(1e-4, 1e-4)),
     ),
 }
 
