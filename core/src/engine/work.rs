@@ -141,12 +141,17 @@ impl Marker {
 }
 
 /// Blocks until every launched program on every device has finished;
-/// returns the first error of the programs it waited for.
+/// returns the first error of the programs it waited for. The finished
+/// launches are let go, so nothing they donated outlives the wait.
 pub(super) fn wait_all() -> Result<()> {
     let launches: Vec<Arc<Launch>> = in_flight().values().flatten().cloned().collect();
-    Marker {
+    let waited = Marker {
         launches,
         made_at: Instant::now(),
     }
-    .wait()
+    .wait();
+    for launches in in_flight().values_mut() {
+        launches.retain(|l| l.finished_at.get().is_none());
+    }
+    waited
 }
