@@ -10,10 +10,15 @@ AOTAutograd, no compiler) on CPU: compile mode's first step cannot be
 shorter than its first step, whatever the backend.
 
 Models: an MLP (784-1024-1024-10, batch 128, SGD) and a GPT (4 layers,
-d=256, 4 heads, T=128, batch 8, vocab 1024, AdamW). Every step is timed to
-completion (the device is waited for), for every framework alike.
+d=256, 4 heads, T=128, batch 8, vocab 1024, AdamW); `--models` adds the GPT
+at d=512 and 1024 and at T=512 (`sizes.py`). Every step is timed to
+completion (the device is waited for), for every framework alike. rtpu's
+modes, JAX and torch_xla each run in a process of their own, which reports
+its peak resident memory (on the CPU plugins device buffers live there too).
+The last lines hold the results against issue #17's targets.
 
-    python benches/bench_step.py [--jax-python VENV/bin/python] [--torch-xla-python VENV/bin/python]
+    python benches/bench_step.py [--models mlp,gpt,gpt-d512,gpt-d1024,gpt-t512]
+        [--jax-python VENV/bin/python] [--torch-xla-python VENV/bin/python]
 """
 
 import argparse
@@ -38,6 +43,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 from gpt import GPT  # noqa: E402  (the examples' and tests' GPT)
 from training import train_step  # noqa: E402  (and their training step)
 
+from sizes import GPT_BATCH, GPT_HEADS, GPT_LAYERS, GPT_SIZES, GPT_VOCAB, MODEL_NAMES  # noqa: E402
+from timing import peak_rss_mb  # noqa: E402
+
 
 def mlp_setup(device):
     model = torch.nn.Sequential(
@@ -48,18 +56,21 @@ def mlp_setup(device):
     return model, optimizer, batch
 
 
-def gpt_setup(device):
-    model = GPT(vocab=1024, d=256, heads=4, layers=4, context=128).to(device)
+def gpt_setup(device, name):
+    d, context = GPT_SIZES[name]
+    model = GPT(vocab=GPT_VOCAB, d=d, heads=GPT_HEADS, layers=GPT_LAYERS, context=context).to(device)
     # capturable keeps AdamW's step counts on the device, so a compiled
     # optimizer step has no CPU inputs (and replays); the math is the same.
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=3e-3, weight_decay=0.01, capturable=device == "tpu"
     )
-    tokens = torch.randint(0, 1024, (8, 129))
+    tokens = torch.randint(0, GPT_VOCAB, (GPT_BATCH, context + 1))
     return model, optimizer, (tokens[:, :-1], tokens[:, 1:])
 
 
-MODELS = {"mlp": mlp_setup, "gpt": gpt_setup}
+def setup(name, device):
+    """The model `name`, its optimizer and one batch (on the CPU)."""
+    return mlp_setup(device) if name == "mlp" else gpt_setup(device, name)
 
 
 def run_cpu(name, steps, warmup, backend=None):
@@ -68,7 +79,7 @@ def run_cpu(name, steps, warmup, backend=None):
     them) the first step is the least any torch.compile backend can take."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model, optimizer, (x, y) = MODELS[name]("cpu")
+    model, optimizer, (x, y) = setup(name, "cpu")
     step = train_step if backend is None else torch.compile(train_step, backend=backend)
     times = []
     for i in range(warmup + steps):
@@ -80,7 +91,7 @@ def run_cpu(name, steps, warmup, backend=None):
 
 def run_rtpu_step(name, steps, warmup):
     torch.manual_seed(0)
-    model, optimizer, (x_cpu, y_cpu) = MODELS[name]("tpu")
+    model, optimizer, (x_cpu, y_cpu) = setup(name, "tpu")
     x, y = x_cpu.to("tpu"), y_cpu.to("tpu")
     torch.tpu.synchronize()
     times, record_s = [], []
@@ -127,7 +138,7 @@ def run_rtpu_compile(name, steps, warmup):
     # would trace this one with dynamic shapes.
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model, optimizer, (x_cpu, y_cpu) = MODELS[name]("tpu")
+    model, optimizer, (x_cpu, y_cpu) = setup(name, "tpu")
     x, y = x_cpu.to("tpu"), y_cpu.to("tpu")
     step = torch.compile(train_step, backend="tpu")
     torch.tpu.synchronize()
@@ -150,28 +161,39 @@ def run_rtpu_compile(name, steps, warmup):
 
 
 def recording_cost(ops=2000):
-    """Host time per op of recording a chain of small elementwise ops in a
-    step (Python call, dispatcher, shim and core), the core's part, and the
-    same chain run by PyTorch on CPU tensors: Python's and the dispatcher's
-    own cost, which no device can go under."""
+    """Host time per op of a chain of small elementwise ops: recorded in a
+    step (Python call, dispatcher, shim and core) and the core's part of
+    that; dispatched eagerly (each op its own launch, the device waited for
+    at the end); and run by PyTorch on CPU tensors: Python's and the
+    dispatcher's own cost, which no device can go under."""
+
+    def chain(y):
+        for _ in range(ops // 2):
+            y = y * 1.0001 + 0.5
+        return y
+
     x = torch.randn(64, device="tpu")
     for _ in range(2):  # the second round is measured: nothing compiles
         before = rtpu.metrics()
         start = time.perf_counter()
         with rtpu.step():
-            y = x
-            for _ in range(ops // 2):
-                y = y * 1.0001 + 0.5
+            chain(x)
             recorded = time.perf_counter()
         after = rtpu.metrics()
-    host_us = (recorded - start) / ops * 1e6
-    core_us = (after["record_ns"] - before["record_ns"]) / (after["ops_recorded"] - before["ops_recorded"]) / 1e3
+        eager_start = time.perf_counter()
+        chain(x)
+        torch.tpu.synchronize()
+        eager_s = time.perf_counter() - eager_start
     y = x.cpu()
-    start = time.perf_counter()
-    for _ in range(ops // 2):
-        y = y * 1.0001 + 0.5
-    cpu_us = (time.perf_counter() - start) / ops * 1e6
-    return host_us, core_us, cpu_us
+    cpu_start = time.perf_counter()
+    chain(y)
+    cpu_s = time.perf_counter() - cpu_start
+    return {
+        "step_us": (recorded - start) / ops * 1e6,
+        "core_us": (after["record_ns"] - before["record_ns"]) / (after["ops_recorded"] - before["ops_recorded"]) / 1e3,
+        "eager_us": eager_s / ops * 1e6,
+        "cpu_us": cpu_s / ops * 1e6,
+    }
 
 
 def run_other(python, script, name, steps, warmup, env=None, extra_args=()):
@@ -188,24 +210,115 @@ def run_other(python, script, name, steps, warmup, env=None, extra_args=()):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def run_rtpu_worker(mode, name, steps, warmup):
+    """One rtpu mode on one model, in this process alone: its times and its
+    peak memory, as one JSON line for the parent."""
+    torch.tpu.reset_peak_memory_stats()
+    result = (run_rtpu_step if mode == "step" else run_rtpu_compile)(name, steps, warmup)
+    result["peak_rss_mb"] = peak_rss_mb()
+    result["peak_device_mb"] = torch.tpu.max_memory_allocated() / 2**20
+    print(json.dumps(result))
+
+
+def print_table(name, results, steps):
+    ours, compiled = results["rtpu step"], results["rtpu compile"]
+    print(f"\n{name}: median step time over {steps} steps (first step: compile included)")
+    print(f"  {'':<17}{'step ms':>10}{'first s':>10}{'step/this':>11}{'compile/this':>14}{'peak MiB':>10}")
+    for label, r in results.items():
+        if r is None:
+            print(f"  {label:<17}{'failed':>10}")
+            continue
+        step_ratio = ours["median_step_s"] / r["median_step_s"] if ours else math.nan
+        compile_ratio = compiled["median_step_s"] / r["median_step_s"] if compiled else math.nan
+        print(
+            f"  {label:<17}{r['median_step_s'] * 1e3:>10.2f}{r['first_step_s']:>10.2f}"
+            f"{step_ratio:>11.2f}{compile_ratio:>14.2f}{r.get('peak_rss_mb', math.nan):>10.0f}"
+        )
+    if ours:
+        print(
+            f"  step mode: {ours['ops_per_step']:.0f} ops/step recorded at {ours['record_us_per_op']:.2f} us/op "
+            f"on the host ({ours['core_record_us_per_op']:.2f} us/op in rtpu's core); "
+            f"compiles after warm-up: {ours['compiles_after_warmup']}; "
+            f"{ours['pipelined_step_s'] * 1e3:.2f} ms/step with no wait between steps; "
+            f"peak device memory {ours['peak_device_mb']:.0f} MiB"
+        )
+    if compiled:
+        print(
+            f"  compile mode: compiles after warm-up: {compiled['compiles_after_warmup']}, "
+            f"ops recorded after warm-up: {compiled['ops_recorded_after_warmup']}"
+        )
+
+
+def print_targets(chain, all_results):
+    """Issue #17's targets, each with what was measured and whether it holds;
+    a target whose reference was not run says so."""
+    rows = []
+
+    def target(what, value, limit, unit=""):
+        if value is None or math.isnan(value):
+            rows.append(f"  {what}: not measured (its reference was not run)")
+        else:
+            verdict = "met" if value <= limit else "NOT MET"
+            rows.append(f"  {what}: {value:.2f}{unit} (target <= {limit}{unit}) {verdict}")
+
+    def ratio(results, mode, reference, key="median_step_s"):
+        ours, ref = results.get(mode), results.get(reference)
+        return ours[key] / ref[key] if ours and ref else None
+
+    for name, results in all_results.items():
+        for mode in ("rtpu step", "rtpu compile"):
+            if name == "mlp":
+                target(f"mlp {mode} / jax on our plugin", ratio(results, mode, "jax (plugin)"), 1.0, "x")
+                target(f"mlp {mode} / jax on its own XLA", ratio(results, mode, "jax jit"), 1.1, "x")
+            else:
+                target(f"{name} {mode} / jax", ratio(results, mode, "jax jit"), 0.8, "x")
+                target(f"{name} {mode} / torch_xla", ratio(results, mode, "torch_xla"), 0.8, "x")
+            target(f"{name} {mode} peak memory / jax's", ratio(results, mode, "jax jit", "peak_rss_mb"), 1.0, "x")
+        target(f"{name} first step, step mode / torch_xla's", ratio(results, "rtpu step", "torch_xla", "first_step_s"), 1.0, "x")
+        target(
+            f"{name} first step, compile mode / torch_xla dynamo's",
+            ratio(results, "rtpu compile", "torch_xla dynamo", "first_step_s"),
+            1.5,
+            "x",
+        )
+        if results.get("rtpu step"):
+            target(f"{name} step mode host time per recorded op", results["rtpu step"]["record_us_per_op"], 25, " us")
+    target("chain of small ops recorded in a step, per op", chain["step_us"], 5, " us")
+    target("eager dispatch per op", chain["eager_us"], 5, " us")
+    print("\ntargets (issue #17):")
+    print("\n".join(rows))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--models", default="mlp,gpt")
+    parser.add_argument("--models", default="mlp,gpt", help=f"a comma-separated list of {', '.join(MODEL_NAMES)}")
     parser.add_argument("--jax-python", help="a Python with jax installed")
     parser.add_argument("--torch-xla-python", help="a Python with torch_xla installed")
+    # How the parent runs each rtpu mode in a process of its own.
+    parser.add_argument("--worker", choices=["step", "compile"], help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=MODEL_NAMES, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        run_rtpu_worker(args.worker, args.model, args.steps, args.warmup)
+        return
+    unknown = set(args.models.split(",")) - set(MODEL_NAMES)
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}: choose from {MODEL_NAMES}")
 
-    host_us, core_us, cpu_us = recording_cost()
+    chain = recording_cost()
     print(
-        f"recording a chain of small ops in a step: {host_us:.2f} us/op on the host ({core_us:.2f} in rtpu's core); "
-        f"the same ops on CPU eager: {cpu_us:.2f} us/op"
+        f"a chain of small ops: {chain['step_us']:.2f} us/op recorded in a step ({chain['core_us']:.2f} in rtpu's "
+        f"core), {chain['eager_us']:.2f} us/op eagerly; the same ops on CPU eager: {chain['cpu_us']:.2f} us/op"
     )
+    all_results = {}
     for name in args.models.split(","):
         results = {
-            "rtpu step": run_rtpu_step(name, args.steps, args.warmup),
-            "rtpu compile": run_rtpu_compile(name, args.steps, args.warmup),
+            "rtpu step": run_other(sys.executable, "bench_step.py", name, args.steps, args.warmup, extra_args=["--worker", "step"]),
+            "rtpu compile": run_other(
+                sys.executable, "bench_step.py", name, args.steps, args.warmup, extra_args=["--worker", "compile"]
+            ),
             "cpu eager": run_cpu(name, args.steps, args.warmup),
             "cpu aot_eager": run_cpu(name, args.steps, args.warmup, backend="aot_eager"),
         }
@@ -234,29 +347,9 @@ def main():
             results["torch_xla dynamo"] = run_other(
                 args.torch_xla_python, "torch_xla_models.py", name, args.steps, args.warmup, extra_args=["--compile"]
             )
-        ours, compiled = results["rtpu step"], results["rtpu compile"]
-        print(f"\n{name}: median step time over {args.steps} steps (first step: compile included)")
-        print(f"  {'':<17}{'step ms':>10}{'first s':>10}{'step/this':>11}{'compile/this':>14}")
-        for label, r in results.items():
-            if r is None:
-                print(f"  {label:<17}{'failed':>10}")
-                continue
-            step_ratio = ours["median_step_s"] / r["median_step_s"]
-            compile_ratio = compiled["median_step_s"] / r["median_step_s"]
-            print(
-                f"  {label:<17}{r['median_step_s'] * 1e3:>10.2f}{r['first_step_s']:>10.2f}"
-                f"{step_ratio:>11.2f}{compile_ratio:>14.2f}"
-            )
-        print(
-            f"  step mode: {ours['ops_per_step']:.0f} ops/step recorded at {ours['record_us_per_op']:.2f} us/op "
-            f"on the host ({ours['core_record_us_per_op']:.2f} us/op in rtpu's core); "
-            f"compiles after warm-up: {ours['compiles_after_warmup']}; "
-            f"{ours['pipelined_step_s'] * 1e3:.2f} ms/step with no wait between steps"
-        )
-        print(
-            f"  compile mode: compiles after warm-up: {compiled['compiles_after_warmup']}, "
-            f"ops recorded after warm-up: {compiled['ops_recorded_after_warmup']}"
-        )
+        print_table(name, results, args.steps)
+        all_results[name] = results
+    print_targets(chain, all_results)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """JAX reference for the step benchmark: trains the MLP or the small GPT of
 benches/bench_step.py for a few steps with one jitted, donating train step and
-prints one JSON line, {"model", "first_step_s", "median_step_s"}.
+prints one JSON line, {"model", "first_step_s", "median_step_s",
+"peak_rss_mb", "peak_device_mb"}.
 
 bench_step.py runs it as a subprocess with a Python that has `jax` installed:
 
-    python jax_models.py --model {mlp,gpt} --steps N --warmup W
+    python jax_models.py --model {mlp,gpt,gpt-d512,...} --steps N --warmup W
 """
 
 import argparse
@@ -21,11 +22,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax
 import jax.numpy as jnp
 
+from sizes import GPT_BATCH, GPT_HEADS, GPT_LAYERS, GPT_SIZES, GPT_VOCAB, MODEL_NAMES
+from timing import peak_rss_mb
+
 MLP_SIZES = [784, 1024, 1024, 10]
 MLP_BATCH = 128
 SGD_LR = 0.01
 
-LAYERS, D, HEADS, T, GPT_BATCH, VOCAB = 4, 256, 4, 128, 8, 1024
+LAYERS, HEADS, VOCAB = GPT_LAYERS, GPT_HEADS, GPT_VOCAB
+# The GPT's width and context: `main` sets them for the model asked for.
+D, T = GPT_SIZES["gpt"]
 HEAD_DIM = D // HEADS
 ADAMW_LR, BETA1, BETA2, EPS, WEIGHT_DECAY = 3e-3, 0.9, 0.999, 1e-8, 0.01
 
@@ -160,17 +166,34 @@ def time_steps(step, state, batch, steps, warmup):
 
 def main():
     parser = argparse.ArgumentParser(description="JAX reference step times for bench_step.py")
-    parser.add_argument("--model", choices=["mlp", "gpt"], required=True)
+    parser.add_argument("--model", choices=MODEL_NAMES, required=True)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
     if args.steps < 1 or args.warmup < 0:
         parser.error("need --steps >= 1 and --warmup >= 0")
 
-    setup = {"mlp": mlp_setup, "gpt": gpt_setup}[args.model]
+    global D, T, HEAD_DIM
+    if args.model in GPT_SIZES:
+        D, T = GPT_SIZES[args.model]
+        HEAD_DIM = D // HEADS
+    setup = mlp_setup if args.model == "mlp" else gpt_setup
     step, state, batch = setup(jax.random.PRNGKey(0))
     first, median = time_steps(step, state, batch, args.steps, args.warmup)
-    print(json.dumps({"model": args.model, "first_step_s": first, "median_step_s": median}))
+    # The CPU client keeps no device statistics; a plugin may.
+    stats = jax.local_devices()[0].memory_stats() or {}
+    peak_device = stats.get("peak_bytes_in_use")
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "first_step_s": first,
+                "median_step_s": median,
+                "peak_rss_mb": peak_rss_mb(),
+                "peak_device_mb": None if peak_device is None else peak_device / 2**20,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
-"""PyTorch/XLA reference for the step benchmark: trains the MLP or the small
-GPT of benches/bench_step.py for a few steps on the PJRT CPU device and prints
-one JSON line, {"model", "first_step_s", "median_step_s"}. With --compile the
-step runs under torch.compile with torch_xla's Dynamo backend ("openxla"), to
-compare with rtpu's compile mode like for like.
+"""PyTorch/XLA reference for the step benchmark: trains the MLP or a GPT of
+benches/bench_step.py for a few steps on the PJRT CPU device and prints one
+JSON line, {"model", "first_step_s", "median_step_s", "peak_rss_mb", ...}.
+With --compile the step runs under torch.compile with torch_xla's Dynamo
+backend ("openxla"), to compare with rtpu's compile mode like for like.
 
 bench_step.py runs it as a subprocess with a Python that has `torch_xla`:
 
-    python torch_xla_models.py --model {mlp,gpt} --steps N --warmup W [--compile]
+    python torch_xla_models.py --model {mlp,gpt,gpt-d512,...} --steps N --warmup W [--compile]
 """
 
 import argparse
@@ -29,8 +29,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from gpt import GPT  # noqa: E402  (the GPT rtpu's benchmark runs)
 from training import train_step  # noqa: E402  (and the step it times)
 
+from sizes import GPT_BATCH, GPT_HEADS, GPT_LAYERS, GPT_SIZES, GPT_VOCAB, MODEL_NAMES  # noqa: E402
+from timing import peak_rss_mb  # noqa: E402
+
 MLP_BATCH = 128
-LAYERS, D, HEADS, T, GPT_BATCH, VOCAB = 4, 256, 4, 128, 8, 1024
 
 
 def build(model_name):
@@ -42,9 +44,10 @@ def build(model_name):
         )
         inputs, labels = torch.randn(MLP_BATCH, 784), torch.randint(0, 10, (MLP_BATCH,))
         return model, (torch.optim.SGD, {"lr": 0.01}), inputs, labels
-    inputs = torch.randint(0, VOCAB, (GPT_BATCH, T))
-    labels = torch.randint(0, VOCAB, (GPT_BATCH, T))
-    model = GPT(vocab=VOCAB, d=D, heads=HEADS, layers=LAYERS, context=T)
+    d, context = GPT_SIZES[model_name]
+    inputs = torch.randint(0, GPT_VOCAB, (GPT_BATCH, context))
+    labels = torch.randint(0, GPT_VOCAB, (GPT_BATCH, context))
+    model = GPT(vocab=GPT_VOCAB, d=d, heads=GPT_HEADS, layers=GPT_LAYERS, context=context)
     return model, (torch.optim.AdamW, {"lr": 3e-3, "weight_decay": 0.01}), inputs, labels
 
 
@@ -62,7 +65,7 @@ def sync():
 
 def main():
     parser = argparse.ArgumentParser(description="PyTorch/XLA reference step times for bench_step.py")
-    parser.add_argument("--model", choices=["mlp", "gpt"], required=True)
+    parser.add_argument("--model", choices=MODEL_NAMES, required=True)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help='torch.compile(backend="openxla")')
@@ -89,7 +92,8 @@ def main():
         times.append(time.perf_counter() - start)
 
     first, median = times[0], statistics.median(times[1 + args.warmup :])
-    print(json.dumps({"model": args.model, "compile": args.compile, "first_step_s": first, "median_step_s": median}))
+    result = {"model": args.model, "compile": args.compile, "first_step_s": first, "median_step_s": median}
+    print(json.dumps({**result, "peak_rss_mb": peak_rss_mb(), "peak_device_mb": None}))
 
 
 if __name__ == "__main__":
