@@ -10,7 +10,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include <deque>
+#include <list>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -65,14 +65,28 @@ c10::Device op_device(c10::ArrayRef<c10::IValue> args) {
   return c10::Device(kDevice, current_device());
 }
 
+// A Python number ATen wrapped as a 0-dim CPU tensor, read from its one
+// element: `item()` would dispatch a CPU op for every recorded op.
+c10::Scalar wrapped_number(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kDouble:
+      return *t.const_data_ptr<double>();
+    case at::kLong:
+      return *t.const_data_ptr<int64_t>();
+    case at::kBool:
+      return *t.const_data_ptr<bool>();
+    case at::kComplexDouble:
+      return *t.const_data_ptr<c10::complex<double>>();
+    default:
+      return t.item();
+  }
+}
+
 // The stack's arguments as rtpu_op_args. Owns everything the args point to.
 class ArgConverter {
  public:
   ArgConverter(const c10::FunctionSchema& schema, c10::Device device)
-      : schema_(schema),
-        device_(device),
-        op_name_(c10::toString(schema.operator_name())),
-        cpu_indices_(kCpuIndexOps.count(schema.name()) != 0) {}
+      : schema_(schema), device_(device) {}
 
   std::vector<rtpu_op_arg> convert(c10::ArrayRef<c10::IValue> values) {
     std::vector<rtpu_op_arg> args;
@@ -154,11 +168,15 @@ class ArgConverter {
   void check_device(const c10::Argument& arg, const at::Tensor& t) const {
     if (t.device() == device_ ||
         (t.is_cpu() &&
-         (t.dim() == 0 || (cpu_indices_ && arg.name() == "indices")))) {
+         (t.dim() == 0 ||
+          (arg.name() == "indices" && kCpuIndexOps.count(schema_.name()))))) {
       return;
     }
     c10::impl::common_device_check_failure(
-        device_, t, op_name_.c_str(), arg.name().c_str());
+        device_,
+        t,
+        c10::toString(schema_.operator_name()).c_str(),
+        arg.name().c_str());
   }
 
   rtpu_op_arg scalar(const c10::Argument& arg, const c10::IValue& value) {
@@ -196,7 +214,7 @@ class ArgConverter {
     if (t.defined() && t.is_cpu() && t.dim() == 0 &&
         t.unsafeGetTensorImpl()->is_wrapped_number()) {
       // A Python number that ATen wrapped as a tensor: pass it as one.
-      return scalar(arg, c10::IValue(t.item()));
+      return scalar(arg, c10::IValue(wrapped_number(t)));
     }
     auto ref = device_tensor(arg, t);
     if (!ref) {
@@ -366,14 +384,13 @@ class ArgConverter {
 
   const c10::FunctionSchema& schema_;
   const c10::Device device_;
-  const std::string op_name_;
-  const bool cpu_indices_;
-  // Deques: elements never move, so pointers into them stay valid.
-  std::deque<at::Tensor> keep_alive_;
-  std::deque<std::vector<rtpu_tensor_ref>> tensor_lists_;
-  std::deque<std::vector<int64_t>> int_lists_;
-  std::deque<std::vector<double>> double_lists_;
-  std::deque<std::string> strings_;
+  // Lists: elements never move, so pointers into them stay valid, and an
+  // empty list allocates nothing (most calls fill none of them).
+  std::list<at::Tensor> keep_alive_;
+  std::list<std::vector<rtpu_tensor_ref>> tensor_lists_;
+  std::list<std::vector<int64_t>> int_lists_;
+  std::list<std::vector<double>> double_lists_;
+  std::list<std::string> strings_;
 };
 
 // Output `index` of `result`: a new tpu tensor, or the argument it aliases.
@@ -439,7 +456,7 @@ bool holds_imaginary_number(const c10::IValue& value) {
     const at::Tensor& t = value.toTensor();
     return t.defined() && t.is_complex() && t.is_cpu() && t.dim() == 0 &&
         t.unsafeGetTensorImpl()->is_wrapped_number() &&
-        t.item<c10::complex<double>>().imag() != 0;
+        wrapped_number(t).toComplexDouble().imag() != 0;
   }
   if (value.isList()) {
     for (const c10::IValue& item : value.toListRef()) {

@@ -232,7 +232,7 @@ pub extern "C" fn rtpu_runtime_open(
             })
             .collect::<Result<Vec<_>, rtpu_core::Error>>()?;
         let runtime = Runtime {
-            platform_name: to_c_string(client.platform_name()?),
+            platform_name: to_c_string(client.platform_name()?.to_string()),
             platform_version: to_c_string(client.platform_version()?),
             devices,
             global_device_count: client.global_device_count()?,

@@ -176,12 +176,18 @@ impl<'a> Builder<'a> {
         args: &'a [Arg],
         mode: Mode,
     ) -> Result<Builder<'a>> {
-        let tensors = args.iter().flat_map(|a| match a {
-            Arg::TensorList(list) => list.iter().flatten().collect(),
-            Arg::Tensor(t) => vec![t],
-            _ => Vec::new(),
+        let tensors = args.iter().filter_map(|a| match a {
+            Arg::Tensor(t) => Some(t),
+            _ => None,
         });
-        for t in tensors {
+        let in_lists = args
+            .iter()
+            .filter_map(|a| match a {
+                Arg::TensorList(list) => Some(list.iter().flatten()),
+                _ => None,
+            })
+            .flatten();
+        for t in tensors.chain(in_lists) {
             t.view.check_within(t.storage.elements(t.view.dtype)?)?;
         }
         Ok(Builder {

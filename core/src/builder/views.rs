@@ -225,6 +225,10 @@ impl<'a> Builder<'a> {
         if numel == 0 {
             return Ok(self.constant(Literal::Int(0), view.dtype, &view.sizes));
         }
+        // The whole storage in order, as most reads are: a reshape.
+        if view.offset == 0 && view.is_contiguous() && self.ty(flat).numel() == numel {
+            return self.reshape(flat, &view.sizes);
+        }
         // Dims that really step through memory, outermost first.
         let mut stepping: Vec<usize> = (0..view.sizes.len())
             .filter(|&d| view.sizes[d] > 1 && view.strides[d] != 0)

@@ -10,6 +10,7 @@
 //! `set_explain_recompiles`), and refused past `set_recompile_limit`.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,11 +20,13 @@ use std::time::Instant;
 use super::deferred::RecordedOp;
 use super::disk_cache::{env_count, DiskEntry};
 use super::location::location_text;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, TensorType};
 use crate::lower::lower;
 use crate::metrics::{self, Metric};
 use crate::runtime::{Client, CompileOptions, LoadedExecutable};
+use crate::storage::View;
 
 /// Where a deferred graph came from: what explanations name.
 pub(crate) struct Provenance<'a> {
@@ -31,8 +34,54 @@ pub(crate) struct Provenance<'a> {
     pub site: u32,
     pub ops: &'a [RecordedOp],
     /// For each parameter, the index in `ops` of the op that first read it
-    /// and how it read it ("float32[8, 32]").
-    pub params: Vec<(usize, String)>,
+    /// and how it read it.
+    pub params: Vec<(usize, ReadAs)>,
+}
+
+/// How a recorded op read a graph parameter: "float32[8, 32]", with
+/// " sharded" or "a host " where that applies. Kept as data and formatted
+/// only for an explanation: every recorded op that reads a new input makes
+/// one.
+#[derive(Clone, Debug)]
+pub(crate) struct ReadAs {
+    pub dtype: DType,
+    pub sizes: Vec<i64>,
+    pub from: ReadFrom,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ReadFrom {
+    Storage,
+    Sharded,
+    Host,
+}
+
+impl ReadAs {
+    pub fn of(view: &View, from: ReadFrom) -> ReadAs {
+        ReadAs {
+            dtype: view.dtype,
+            sizes: view.sizes.clone(),
+            from,
+        }
+    }
+
+    pub fn of_type(ty: &TensorType, from: ReadFrom) -> ReadAs {
+        ReadAs {
+            dtype: ty.dtype,
+            sizes: ty.dims.clone(),
+            from,
+        }
+    }
+}
+
+impl fmt::Display for ReadAs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.from {
+            ReadFrom::Storage => write!(f, "{}{:?}", self.dtype, self.sizes),
+            ReadFrom::Sharded => write!(f, "{}{:?} sharded", self.dtype, self.sizes),
+            ReadFrom::Host => write!(f, "a host {}{:?}", self.dtype, self.sizes),
+        }
+    }
 }
 
 type MemoryKey = (usize, usize, u64);
@@ -262,7 +311,7 @@ fn dump(text: &str) {
 /// What a site compiled: enough to say what changed next time.
 struct Summary {
     /// Per parameter: its type, the op that first read it, how it read it.
-    inputs: Vec<(TensorType, usize, String)>,
+    inputs: Vec<(TensorType, usize, ReadAs)>,
     ops: Vec<RecordedOp>,
 }
 

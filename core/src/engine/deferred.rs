@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
+use super::cache::{self, ReadAs, ReadFrom};
 use super::capture::RanGraph;
 use super::checks::{keep_old_values_on_failure, verify_checks, watch_checks, OnFailure};
 use super::failure::{find_culprit, graph_error};
@@ -19,7 +20,7 @@ use super::launch::{execute, Source};
 use super::location::{current_location, intern_location};
 use super::mode::{self, Mode};
 use super::spmd::{self, Computed};
-use super::{cache, work};
+use super::work;
 use crate::builder::{Builder, Output, ParamSource, PendingOutput};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
@@ -89,7 +90,7 @@ struct PendingGraph {
     sources: Vec<Source>,
     /// The recorded op that introduced each parameter, and what it read
     /// ("float32[8, 32]"), for explanations.
-    param_op: Vec<(usize, String)>,
+    param_op: Vec<(usize, ReadAs)>,
     slots: Vec<Slot>,
     slot_of: HashMap<usize, usize>,
     ops: Vec<RecordedOp>,
@@ -131,7 +132,7 @@ impl PendingGraph {
         self.graph.nodes.len() - 1
     }
 
-    fn add_param(&mut self, ty: TensorType, source: Source, read_as: String) -> (usize, ValueId) {
+    fn add_param(&mut self, ty: TensorType, source: Source, read_as: ReadAs) -> (usize, ValueId) {
         let index = self.graph.params.len();
         self.graph.params.push(ty.clone());
         self.sources.push(source);
@@ -177,13 +178,13 @@ impl PendingGraph {
         }
         match current {
             StorageValue::Buffer { buffer, .. } => {
-                let read_as = format!("{}{:?}", view.dtype, view.sizes);
+                let read_as = ReadAs::of(view, ReadFrom::Storage);
                 let (param, value) = self.add_param(ty.clone(), Source::Buffer(buffer), read_as);
                 first_reads.push((storage.clone(), param, value));
                 Ok(value)
             }
             StorageValue::Sharded { shards, .. } => {
-                let read_as = format!("{}{:?} sharded", view.dtype, view.sizes);
+                let read_as = ReadAs::of(view, ReadFrom::Sharded);
                 let (param, value) = self.add_param(ty.clone(), Source::Sharded(shards), read_as);
                 first_reads.push((storage.clone(), param, value));
                 Ok(value)
@@ -289,11 +290,11 @@ impl PendingGraph {
                         }
                     }
                     Some(SplicedParam::Buffer(buffer)) => {
-                        let read_as = format!("{}{:?}", ty.dtype, ty.dims);
+                        let read_as = ReadAs::of_type(&ty, ReadFrom::Storage);
                         self.add_param(ty, Source::Buffer(buffer), read_as).1
                     }
                     Some(SplicedParam::Host { bytes, dtype, dims }) => {
-                        let read_as = format!("a host {}{:?}", ty.dtype, ty.dims);
+                        let read_as = ReadAs::of_type(&ty, ReadFrom::Host);
                         self.add_param(ty, Source::Host { bytes, dtype, dims }, read_as)
                             .1
                     }

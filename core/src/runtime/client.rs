@@ -169,10 +169,10 @@ impl Client {
         self.inner.plugin
     }
 
-    /// The platform name, e.g. `cpu`, `tpu`, `cuda`.
-    pub fn platform_name(&self) -> Result<String> {
+    /// The platform name, e.g. `cpu`, `tpu`, `cuda`; asked once per client.
+    pub fn platform_name(&self) -> Result<&str> {
         if let Some(name) = self.inner.platform_name.get() {
-            return Ok(name.clone());
+            return Ok(name);
         }
         let mut args = sys::PJRT_Client_PlatformName_Args::new();
         args.client = self.inner.raw;
@@ -180,7 +180,7 @@ impl Client {
         unsafe { pjrt_call!(self.inner.plugin, PJRT_Client_PlatformName, &mut args) }?;
         // SAFETY: PJRT returns a string owned by the client.
         let name = unsafe { owned_string(args.platform_name, args.platform_name_size) };
-        Ok(self.inner.platform_name.get_or_init(|| name).clone())
+        Ok(self.inner.platform_name.get_or_init(|| name))
     }
 
     pub fn platform_version(&self) -> Result<String> {
