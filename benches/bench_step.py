@@ -89,25 +89,39 @@ def run_cpu(name, steps, warmup, backend=None):
     return {"first_step_s": times[0], "median_step_s": statistics.median(times[warmup:])}
 
 
+def timed_steps(one_step, steps, warmup):
+    """Runs `one_step()`, which returns the loss and when its host part
+    ended, warmup + steps times, each timed to completion. Returns each
+    step's seconds, each host part's seconds, and rtpu's metrics after
+    warm-up and at the end."""
+    times, host_s = [], []
+    for i in range(warmup + steps):
+        if i == warmup:
+            counted = rtpu.metrics()
+        start = time.perf_counter()
+        loss, host_done = one_step()
+        torch.tpu.synchronize()
+        times.append(time.perf_counter() - start)
+        host_s.append(host_done - start)
+    after = rtpu.metrics()
+    assert math.isfinite(loss.item())
+    return times, host_s, counted, after
+
+
 def run_rtpu_step(name, steps, warmup):
     torch.manual_seed(0)
     model, optimizer, (x_cpu, y_cpu) = setup(name, "tpu")
     x, y = x_cpu.to("tpu"), y_cpu.to("tpu")
     torch.tpu.synchronize()
-    times, record_s = [], []
     before = rtpu.metrics()
-    for i in range(warmup + steps):
-        if i == warmup:
-            counted = rtpu.metrics()
-        start = time.perf_counter()
+
+    def one_step():
         with rtpu.step():
             loss = train_step(model, optimizer, x, y)
             recorded = time.perf_counter()
-        torch.tpu.synchronize()
-        times.append(time.perf_counter() - start)
-        record_s.append(recorded - start)
-    after = rtpu.metrics()
-    assert math.isfinite(loss.item())
+        return loss, recorded
+
+    times, record_s, counted, after = timed_steps(one_step, steps, warmup)
     ops_per_step = (after["ops_recorded"] - counted["ops_recorded"]) / steps
     # As a training loop runs when it does not read the loss every step:
     # each step is recorded while the device runs the one before.
@@ -142,18 +156,9 @@ def run_rtpu_compile(name, steps, warmup):
     x, y = x_cpu.to("tpu"), y_cpu.to("tpu")
     step = torch.compile(train_step, backend="tpu")
     torch.tpu.synchronize()
-    times, host_s = [], []
-    for i in range(warmup + steps):
-        if i == warmup:
-            counted = rtpu.metrics()
-        start = time.perf_counter()
-        loss = step(model, optimizer, x, y)
-        returned = time.perf_counter()
-        torch.tpu.synchronize()
-        times.append(time.perf_counter() - start)
-        host_s.append(returned - start)
-    after = rtpu.metrics()
-    assert math.isfinite(loss.item())
+    times, host_s, counted, after = timed_steps(
+        lambda: (step(model, optimizer, x, y), time.perf_counter()), steps, warmup
+    )
     return {
         "first_step_s": times[0],
         "median_step_s": statistics.median(times[warmup:]),
