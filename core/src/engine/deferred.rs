@@ -9,6 +9,7 @@
 //! and the buffers of storages the graph overwrites are donated to it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
 
@@ -111,12 +112,19 @@ fn storage_key(storage: &Arc<Storage>) -> usize {
     Arc::as_ptr(storage) as usize
 }
 
+/// The node count of the last graph that ran: a training loop records the
+/// same graph each step, so the next starts with room instead of regrowing.
+static LAST_GRAPH_NODES: AtomicUsize = AtomicUsize::new(0);
+
 impl PendingGraph {
     fn new(client: &Client, device_index: usize) -> PendingGraph {
         PendingGraph {
             client: client.clone(),
             device_index,
-            graph: Graph::default(),
+            graph: Graph {
+                nodes: Vec::with_capacity(LAST_GRAPH_NODES.load(Ordering::Relaxed)),
+                ..Graph::default()
+            },
             sources: Vec::new(),
             param_op: Vec::new(),
             slots: Vec::new(),
@@ -524,6 +532,7 @@ fn run(pg: PendingGraph, site: u32) -> Result<()> {
 }
 
 fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGraph>> {
+    LAST_GRAPH_NODES.store(pg.graph.nodes.len(), Ordering::Relaxed);
     let PendingGraph {
         client,
         device_index,
