@@ -226,7 +226,7 @@ impl<'a> Builder<'a> {
             return Ok(self.constant(Literal::Int(0), view.dtype, &view.sizes));
         }
         // The whole storage in order, as most reads are: a reshape.
-        if view.offset == 0 && view.is_contiguous() && self.ty(flat).numel() == numel {
+        if view.is_whole(self.ty(flat).numel() as usize * view.dtype.size_in_bytes()) {
             return self.reshape(flat, &view.sizes);
         }
         // Dims that really step through memory, outermost first.
@@ -289,7 +289,7 @@ impl<'a> Builder<'a> {
             return Ok(());
         }
         let numel = view.numel() as i64;
-        let flat_value = if view.offset == 0 && view.is_contiguous() && numel == elements {
+        let flat_value = if view.is_whole(t.storage.nbytes()) {
             self.reshape(value, &[elements])?
         } else {
             let flat = self.flat_as(slot, view.dtype)?;

@@ -466,9 +466,7 @@ impl Storage {
     /// size). A view of the whole storage is copied from the device straight
     /// into `dst`.
     pub fn read_view_into(&self, view: &View, dst: &mut [u8]) -> Result<()> {
-        let size = view.dtype.size_in_bytes();
-        let whole =
-            view.offset == 0 && view.is_contiguous() && view.numel() * size == self.nbytes();
+        let whole = view.is_whole(self.nbytes());
         if !whole || dst.len() != self.nbytes() {
             let bytes = self.read_view(view)?;
             if bytes.len() != dst.len() {
@@ -507,8 +505,7 @@ impl Storage {
                 format!("{} bytes", bytes.len()),
             ));
         }
-        let whole =
-            view.offset == 0 && view.is_contiguous() && view.numel() * size == self.nbytes();
+        let whole = view.is_whole(self.nbytes());
         if whole {
             return self.write_host_bytes(bytes, view.dtype);
         }

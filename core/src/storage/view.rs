@@ -49,6 +49,14 @@ impl View {
         true
     }
 
+    /// True when the view is every element of a storage of `storage_bytes`,
+    /// in order: reading or writing it is the storage's whole value.
+    pub fn is_whole(&self, storage_bytes: usize) -> bool {
+        self.offset == 0
+            && self.is_contiguous()
+            && self.numel() * self.dtype.size_in_bytes() == storage_bytes
+    }
+
     /// Checks the view's shape and that every element it touches lies in a
     /// storage of `storage_elements`.
     pub fn check_within(&self, storage_elements: usize) -> Result<()> {
