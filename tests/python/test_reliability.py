@@ -339,6 +339,72 @@ def test_a_step_failing_a_device_check_keeps_the_old_weights_and_the_next_step_t
         torch.testing.assert_close(value.cpu(), expected, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_compiled_steps_launched_after_a_failed_check_are_undone_with_it():
+    """A compiled step's replays do not wait for earlier checks, so the host
+    launches more steps before anyone reads a value. Those steps see the
+    failed check's flag and keep every value too; the next host read raises
+    the check's error, and training goes on from the last good step."""
+    seed = torch.seed()
+    print("seed", seed)
+    classes = 5
+    model_cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, classes))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, classes))
+    model.load_state_dict(model_cpu.state_dict())
+    model.to(DEVICE)
+    optimizer_cpu = torch.optim.AdamW(model_cpu.parameters(), lr=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, capturable=True)
+    tpu_step = torch.compile(train_step, backend="tpu")
+    x = torch.randn(4, 8)
+    good = torch.randint(0, classes, (4,))
+    bad = good.clone()
+    bad[1] = -1
+    for _ in range(2):
+        train_step(model_cpu, optimizer_cpu, x, good)
+        tpu_step(model, optimizer, x.to(DEVICE), good.to(DEVICE))
+    torch.tpu.synchronize()
+    state = {k: v.cpu() for k, v in model.state_dict().items()}
+    optimizer_state = [{k: v.cpu() for k, v in s.items()} for s in optimizer.state.values()]
+
+    failed = tpu_step(model, optimizer, x.to(DEVICE), bad.to(DEVICE))
+    after = tpu_step(model, optimizer, x.to(DEVICE), good.to(DEVICE))
+    with pytest.raises(RuntimeError, match=r"class indices in \[0, 5\).*found on the device"):
+        after.item()
+    for loss in (failed, after):  # both steps' losses hold the error
+        with pytest.raises(RuntimeError, match=r"class indices in \[0, 5\)"):
+            loss.item()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value.cpu(), state[name], rtol=0, atol=0, msg=name)
+    for kept, s in zip(optimizer_state, optimizer.state.values()):
+        for k, v in kept.items():
+            torch.testing.assert_close(s[k].cpu(), v, rtol=0, atol=0, msg=k)
+    # CPU never took the two steps; the next one trains as CPU's third.
+    loss_cpu = train_step(model_cpu, optimizer_cpu, x, good)
+    loss = tpu_step(model, optimizer, x.to(DEVICE), good.to(DEVICE))
+    torch.testing.assert_close(loss.cpu(), loss_cpu.detach(), rtol=1e-5, atol=1e-6)
+    for (name, value), expected in zip(model.state_dict().items(), model_cpu.state_dict().values()):
+        torch.testing.assert_close(value.cpu(), expected, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_value_a_failed_graph_made_stays_an_error_after_a_chained_graph_updates_it():
+    """A compiled graph that updates in place a value an unchecked graph
+    made keeps that value when the check fails: the value is the check's
+    error then, never the clamped gather's numbers."""
+    x_cpu = torch.randn(5, 3)
+    x = x_cpu.to(DEVICE)
+    gather = torch.compile(lambda x, i: x[i] * 2, backend="tpu")
+    bump = torch.compile(lambda z: z.add_(1), backend="tpu")
+    good, bad = torch.tensor([0, 4]), torch.tensor([0, 5])
+    for _ in range(2):  # captured, then replayed
+        z = bump(gather(x, good.to(DEVICE)))
+        torch.testing.assert_close(z.cpu(), x_cpu[good] * 2 + 1, rtol=0, atol=0)
+    z = gather(x, bad.to(DEVICE))
+    bump(z)
+    for _ in range(2):  # the check's error, then the value that is that error
+        with pytest.raises(RuntimeError, match=r"aten::index.*expected indices in \[-5, 5\).*found on the device"):
+            z.cpu()
+    torch.testing.assert_close(x.cpu(), x_cpu, rtol=0, atol=0)
+
+
 def test_reading_a_few_elements_of_a_large_tensor_copies_only_those():
     rows, columns = 4096, 4096  # 64 MiB of float32
     x_cpu = torch.randn(rows, columns)

@@ -34,6 +34,9 @@ enum Binding {
         dtype: DType,
         dims: Vec<i64>,
     },
+    /// The upstream flag (see `checks`): that of the graphs still to be
+    /// checked, or this false one when none are.
+    Upstream(Arc<Buffer>),
 }
 
 /// Where a value the program computes goes.
@@ -67,6 +70,9 @@ pub struct CapturedGraph {
     input_views: Vec<InputView>,
     num_inputs: usize,
     num_outputs: usize,
+    /// Whether the program takes an upstream flag and ends with its
+    /// chained one (see `checks`).
+    chained: bool,
     checks: Vec<((ErrorCode, String), usize)>,
     /// Per entry of `written`: whether the program writes the old value
     /// back when a check fails.
@@ -192,11 +198,15 @@ pub(super) struct RanGraph {
     pub graph: Graph,
     /// None for an SPMD program (see `CapturedGraph::exe`).
     pub exe: Option<Arc<LoadedExecutable>>,
+    /// The parameter that takes the upstream flag, if the program chains
+    /// (see `checks`).
+    pub upstream: Option<usize>,
     /// What feeds each parameter of the program.
     pub sources: Vec<Source>,
     /// The storages whose new values are the program's first outputs.
     pub written: Vec<Arc<Storage>>,
-    /// The device-side checks, whose flags are the remaining outputs.
+    /// The device-side checks, whose flags are the next outputs; a program
+    /// that chains ends with its chained flag.
     pub checks: Vec<((ErrorCode, String), usize)>,
     /// Per written storage: whether the program writes its old value back
     /// when a check fails (`keep_old_values_on_failure`).
@@ -220,7 +230,9 @@ fn bind(
     let params = ran
         .sources
         .into_iter()
-        .map(|source| match source {
+        .enumerate()
+        .map(|(p, source)| match source {
+            Source::Buffer(buffer) if ran.upstream == Some(p) => Ok(Binding::Upstream(buffer)),
             Source::Buffer(buffer) => Ok(state
                 .values
                 .iter()
@@ -287,6 +299,7 @@ fn bind(
         input_views,
         num_inputs: state.inputs.len(),
         num_outputs: outputs.len(),
+        chained: ran.upstream.is_some(),
         checks: ran.checks,
         kept_on_failure: ran.kept_on_failure,
         ops: ran.ops,
@@ -307,7 +320,10 @@ impl CapturedGraph {
                     storage: inputs[*i].storage.clone(),
                     view: inputs[*i].view.clone(),
                 },
-                Binding::Fixed(buffer) => SplicedParam::Buffer(buffer.clone()),
+                // The step's flush checks all earlier graphs first.
+                Binding::Fixed(buffer) | Binding::Upstream(buffer) => {
+                    SplicedParam::Buffer(buffer.clone())
+                }
                 Binding::Host { bytes, dtype, dims } => SplicedParam::Host {
                     bytes: bytes.clone(),
                     dtype: *dtype,
@@ -329,6 +345,9 @@ impl CapturedGraph {
                 .iter()
                 .map(|(error, _)| CapturedOutput::Check(error.clone())),
         );
+        if self.chained {
+            bound.push(CapturedOutput::Dropped);
+        }
         let created = deferred::record_captured(
             &self.client,
             self.device_index,
@@ -392,8 +411,16 @@ impl CapturedGraph {
         if mode::current() == Mode::Deferred {
             return self.record(inputs);
         }
-        // An earlier graph's failed check means these inputs may be wrong.
-        checks::verify_checks()?;
+        // An earlier graph's failed check means these inputs may be wrong:
+        // a chained program keeps its storages' old values then, otherwise
+        // the check is read first.
+        let upstream = match self.chained {
+            true => checks::upstream_flag(&self.client, self.device_index)?,
+            false => {
+                checks::verify_checks()?;
+                None
+            }
+        };
         let mut input_buffers = Vec::with_capacity(inputs.len());
         let mut sharded = false;
         for input in inputs {
@@ -428,6 +455,9 @@ impl CapturedGraph {
                     )
                 })?,
                 Binding::Fixed(buffer) => buffer.clone(),
+                Binding::Upstream(none_failed) => {
+                    upstream.clone().unwrap_or_else(|| none_failed.clone())
+                }
                 Binding::Host { bytes, dtype, dims } => host_input(
                     &self.client,
                     self.device_index,
@@ -440,13 +470,18 @@ impl CapturedGraph {
         }
         let mut buffers = launch::launch(&self.client, self.device_index, exe, &args, &[])?;
         metrics::add(Metric::GraphExecutions, 1);
-        if buffers.len() != self.written.len() + self.checks.len() {
+        let expected = self.written.len() + self.checks.len() + usize::from(self.chained);
+        if buffers.len() != expected {
             return Err(Error::invalid(
                 "outputs of a captured graph",
-                self.written.len() + self.checks.len(),
+                expected,
                 buffers.len(),
             ));
         }
+        let chained_flag = match self.chained {
+            true => buffers.pop().map(Arc::new),
+            false => None,
+        };
         let flags = buffers.split_off(self.written.len());
         let mut outputs: Vec<Option<Output>> = (0..self.num_outputs).map(|_| None).collect();
         let mut written_storages = Vec::new();
@@ -466,7 +501,7 @@ impl CapturedGraph {
                     }
                     written_storages.push(storage.clone());
                     on_failure.push(match kept {
-                        true => OnFailure::Keep,
+                        true => OnFailure::keep(Some(&before)),
                         false => OnFailure::Restore(before),
                     });
                 }
@@ -484,14 +519,22 @@ impl CapturedGraph {
             }
         }
         self.alias_inputs(inputs, &mut outputs);
+        // Registered when a check may fail: its own, or one before it that
+        // would undo it too.
+        let chain = chained_flag
+            .filter(|_| upstream.is_some() || !flags.is_empty())
+            .map(|flag| ((self.client.id(), self.device_index), flag));
         checks::watch_checks(
-            self.site,
-            &self.ops,
-            flags,
-            &self.checks,
-            &written_storages,
-            &latest,
-            on_failure,
+            checks::Ran {
+                site: self.site,
+                ops: &self.ops,
+                flags,
+                checks: &self.checks,
+                written: &written_storages,
+                latest: &latest,
+                on_failure,
+            },
+            chain,
         );
         complete(outputs)
     }

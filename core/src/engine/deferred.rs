@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use super::cache::{self, ReadAs, ReadFrom};
 use super::capture::RanGraph;
-use super::checks::{keep_old_values_on_failure, verify_checks, watch_checks, OnFailure};
+use super::checks::{keep_old_values_on_failure, verify_checks, watch_checks, OnFailure, Ran};
 use super::failure::{find_culprit, graph_error};
 use super::launch::{execute, Source};
 use super::location::{current_location, intern_location};
@@ -531,8 +531,24 @@ fn run(pg: PendingGraph, site: u32) -> Result<()> {
     run_graph(pg, site, false).map(|_| ())
 }
 
-fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGraph>> {
+fn run_graph(mut pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGraph>> {
     LAST_GRAPH_NODES.store(pg.graph.nodes.len(), Ordering::Relaxed);
+    // A captured graph takes an upstream flag (see `checks`) as its last
+    // parameter, so its replays need not wait for earlier graphs' checks;
+    // this run reads a false one. An SPMD program does not: its replays
+    // run as steps.
+    let upstream = match capture && !pg.sources.iter().any(|s| matches!(s, Source::Sharded(_))) {
+        true => {
+            let device = pg.client.device(pg.device_index)?;
+            let none_failed = pg
+                .client
+                .buffer_from_host(&[0], DType::Bool, &[], &device)?;
+            let ty = TensorType::new(DType::Bool, &[]);
+            let read_as = ReadAs::of_type(&ty, ReadFrom::Storage);
+            Some(pg.add_param(ty, Source::Buffer(Arc::new(none_failed)), read_as))
+        }
+        false => None,
+    };
     let PendingGraph {
         client,
         device_index,
@@ -560,10 +576,17 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
         .iter()
         .map(|(_, slot)| (slot.value, slot.param))
         .collect();
-    let kept_on_failure = keep_old_values_on_failure(&mut graph, &flags, &mut writes);
+    let all_flags: Vec<ValueId> = upstream
+        .iter()
+        .map(|&(_, value)| value)
+        .chain(flags.iter().copied())
+        .collect();
+    let (kept_on_failure, failed) = keep_old_values_on_failure(&mut graph, &all_flags, &mut writes);
     let mut outputs: Vec<ValueId> = writes.iter().map(|&(value, _)| value).collect();
     let written_count = outputs.len();
     outputs.extend(flags);
+    // The chained flag, the captured graph's last output.
+    outputs.extend(failed.filter(|_| upstream.is_some()));
     let (mut pruned, kept) = graph.prune(&outputs);
     // A buffer held only by this graph belongs to a storage the graph
     // overwrites: XLA may reuse its memory for the new value.
@@ -637,11 +660,20 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
     });
     match result {
         Ok((exe, mut computed)) => {
-            let flags = computed
+            let mut flags = computed
                 .split_off(written_count)
                 .into_iter()
                 .map(Computed::into_flag)
                 .collect::<Result<Vec<Buffer>>>()?;
+            let chain = match upstream {
+                Some(_) => {
+                    let failed = flags.pop().ok_or_else(|| {
+                        Error::invalid("outputs of a captured graph", "its chained flag", "none")
+                    })?;
+                    Some(((client.id(), device_index), Arc::new(failed)))
+                }
+                None => None,
+            };
             let mut latest = Vec::with_capacity(computed.len());
             for ((storage, _), value) in written.iter().zip(computed) {
                 let (value, watched) = value.into_value()?;
@@ -656,7 +688,7 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
                 .iter()
                 .zip(&kept_on_failure)
                 .map(|((_, slot), &kept)| match &slot.before {
-                    _ if kept => OnFailure::Keep,
+                    _ if kept => OnFailure::keep(slot.before.as_ref()),
                     Some(before) if !matches!(before, StorageValue::Pending { .. }) => {
                         OnFailure::Restore(before.clone())
                     }
@@ -664,10 +696,22 @@ fn run_graph(pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGra
                 })
                 .collect();
             let written: Vec<Arc<Storage>> = written.into_iter().map(|(s, _)| s).collect();
-            watch_checks(site, &ops, flags, &checks, &written, &latest, on_failure);
+            watch_checks(
+                Ran {
+                    site,
+                    ops: &ops,
+                    flags,
+                    checks: &checks,
+                    written: &written,
+                    latest: &latest,
+                    on_failure,
+                },
+                chain,
+            );
             Ok(capture.then(|| RanGraph {
                 graph: pruned,
                 exe,
+                upstream: upstream.and_then(|(index, _)| kept.iter().position(|&p| p == index)),
                 sources: kept.iter().map(|&p| sources[p].clone()).collect(),
                 written,
                 checks,
