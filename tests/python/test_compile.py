@@ -71,6 +71,10 @@ def test_a_100_step_compiled_loop_compiles_each_graph_once_and_replays_without_p
     assert after["graph_executions"] - before["graph_executions"] == 3 * steps
     # Eager work per step is at most the seed gradient of backward().
     assert after["ops_run"] - before["ops_run"] <= steps
+    # The optimizer's replays overwrite every weight and momentum buffer in
+    # the memory of the old one.
+    overwritten = 2 * len(list(model.parameters()))
+    assert after["buffers_donated"] - before["buffers_donated"] == overwritten * steps
 
 
 def test_compiled_replays_launch_back_to_back_without_waiting_for_the_device():

@@ -66,6 +66,9 @@ pub struct CapturedGraph {
     /// the graph into the pending one, which runs it over the mesh.
     exe: Option<Arc<LoadedExecutable>>,
     params: Vec<Binding>,
+    /// Parameters that read an input the program overwrites: a replay
+    /// donates the input's buffer when nothing else holds it.
+    donors: Vec<usize>,
     written: Vec<Written>,
     input_views: Vec<InputView>,
     num_inputs: usize,
@@ -248,7 +251,7 @@ fn bind(
         })
         .collect::<std::result::Result<Vec<_>, String>>()?;
     let mut returned = vec![false; outputs.len()];
-    let written = ran
+    let written: Vec<Written> = ran
         .written
         .iter()
         .map(|storage| {
@@ -270,6 +273,18 @@ fn bind(
                 Written::Outputs(views)
             }
         })
+        .collect();
+    let overwritten = |i: usize| {
+        written
+            .iter()
+            .any(|w| matches!(w, Written::Input(j) if *j == i))
+    };
+    let donors = ran
+        .graph
+        .donors
+        .iter()
+        .copied()
+        .filter(|&p| matches!(params[p], Binding::Input(i) if overwritten(i)))
         .collect();
     // Outputs the graph does not compute may be inputs or views of them
     // (tensors saved for backward); they alias the replay's inputs.
@@ -295,6 +310,7 @@ fn bind(
         graph: ran.graph,
         exe: ran.exe,
         params,
+        donors,
         written,
         input_views,
         num_inputs: state.inputs.len(),
@@ -468,8 +484,17 @@ impl CapturedGraph {
                 )?,
             });
         }
-        let mut buffers = launch::launch(&self.client, self.device_index, exe, &args, &[])?;
+        // Held by its storage and `args` only: no one reads the old value.
+        drop(input_buffers);
+        let donate: Vec<usize> = self
+            .donors
+            .iter()
+            .copied()
+            .filter(|&p| Arc::strong_count(&args[p]) == 2)
+            .collect();
+        let mut buffers = launch::launch(&self.client, self.device_index, exe, &args, &donate)?;
         metrics::add(Metric::GraphExecutions, 1);
+        metrics::add(Metric::BuffersDonated, donate.len() as u64);
         let expected = self.written.len() + self.checks.len() + usize::from(self.chained);
         if buffers.len() != expected {
             return Err(Error::invalid(

@@ -524,8 +524,8 @@ pub fn synchronize() -> Result<()> {
 }
 
 /// Compiles (or finds) and runs one pending graph, and installs its outputs
-/// in the storages that are still alive. For a capture nothing is donated
-/// (replays keep their inputs) and what ran is returned.
+/// in the storages that are still alive. A capture donates nothing (the
+/// capture keeps its sources; its replays donate) and returns what ran.
 fn run(pg: PendingGraph, site: u32) -> Result<()> {
     super::capture::note_flush(site);
     run_graph(pg, site, false).map(|_| ())
@@ -589,15 +589,18 @@ fn run_graph(mut pg: PendingGraph, site: u32, capture: bool) -> Result<Option<Ra
     outputs.extend(failed.filter(|_| upstream.is_some()));
     let (mut pruned, kept) = graph.prune(&outputs);
     // A buffer held only by this graph belongs to a storage the graph
-    // overwrites: XLA may reuse its memory for the new value.
+    // overwrites: XLA may reuse its memory for the new value. A capture
+    // donates nothing now but lets its replays donate any such input.
     let read_then_written: Vec<usize> = written.iter().filter_map(|(_, s)| s.param).collect();
     pruned.donors = kept
         .iter()
         .enumerate()
         .filter(|(_, &old)| {
-            !capture
-                && read_then_written.contains(&old)
+            read_then_written.contains(&old)
                 && match &sources[old] {
+                    // A replayed executable (see `upstream`).
+                    Source::Buffer(_) if upstream.is_some() => true,
+                    _ if capture => false,
                     Source::Buffer(b) => Arc::strong_count(b) == 1,
                     Source::Sharded(s) => {
                         Arc::strong_count(s) == 1
@@ -623,6 +626,7 @@ fn run_graph(mut pg: PendingGraph, site: u32, capture: bool) -> Result<Option<Ra
             &kept,
             &sources,
             Some(&provenance),
+            !capture,
         )
         .map(|(exe, buffers)| {
             let computed: Vec<Computed> = buffers.into_iter().map(Computed::Buffer).collect();

@@ -47,7 +47,7 @@ pub(super) fn read_elements(read: ElementRead<'_>) -> Result<Vec<u8>> {
         spmd: None,
     };
     let sources = [launch::Source::Buffer(buffer.clone())];
-    let (_, slices) = launch::execute(client, device_index, &graph, &[0], &sources, None)?;
+    let (_, slices) = launch::execute(client, device_index, &graph, &[0], &sources, None, false)?;
     match slices.first() {
         Some(slice) => slice.to_host(),
         None => Err(Error::invalid("outputs of a slicing read", 1, 0)),

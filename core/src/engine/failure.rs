@@ -41,7 +41,7 @@ pub(super) fn find_culprit(
             spmd: None,
         };
         let (prefix, kept) = prefix.prune(&outputs);
-        execute(client, device_index, &prefix, &kept, sources, None).is_err()
+        execute(client, device_index, &prefix, &kept, sources, None, false).is_err()
     };
     let (mut good, mut bad) = (None::<usize>, op_ends.len() - 1);
     if !fails(bad) {

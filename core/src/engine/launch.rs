@@ -27,8 +27,8 @@ pub(crate) enum Source {
 }
 
 /// Runs `graph` on `device_index`, parameter `i` read from
-/// `sources[kept[i]]`, donating `graph.donors`; returns the executable and
-/// its outputs.
+/// `sources[kept[i]]`, donating those of `graph.donors` that `donate` says;
+/// returns the executable and its outputs.
 pub(super) fn execute(
     client: &Client,
     device_index: usize,
@@ -36,6 +36,7 @@ pub(super) fn execute(
     kept: &[usize],
     sources: &[Source],
     provenance: Option<&cache::Provenance<'_>>,
+    donate: bool,
 ) -> Result<(Arc<LoadedExecutable>, Vec<Buffer>)> {
     let exe = cache::executable(client, device_index, graph, provenance)?;
     let device = client.device(device_index)?;
@@ -55,9 +56,10 @@ pub(super) fn execute(
             }
         });
     }
-    let buffers = launch(client, device_index, &exe, &args, &graph.donors)?;
+    let donors: &[usize] = if donate { &graph.donors } else { &[] };
+    let buffers = launch(client, device_index, &exe, &args, donors)?;
     metrics::add(Metric::GraphExecutions, 1);
-    metrics::add(Metric::BuffersDonated, graph.donors.len() as u64);
+    metrics::add(Metric::BuffersDonated, donors.len() as u64);
     if buffers.len() != graph.outputs.len() {
         return Err(Error::invalid(
             "outputs of a deferred graph",
