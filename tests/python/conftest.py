@@ -42,6 +42,14 @@ def assert_matches_cpu(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual.cpu(), expected, **tolerance)
 
 
+def twins(make_model):
+    """The same fresh model (`make_model()`) on the CPU and on tpu."""
+    model_cpu = make_model()
+    model = make_model()
+    model.load_state_dict(model_cpu.state_dict())
+    return model_cpu, model.to("tpu")
+
+
 @pytest.fixture
 def two_devices():
     if torch.tpu.device_count() < 2:

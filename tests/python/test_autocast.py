@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as checkpoint
 
-from conftest import TOLERANCES
+from conftest import TOLERANCES, twins
 
 DEVICE = "tpu"
 
@@ -81,10 +81,7 @@ def mlp():
 def test_bfloat16_autocast_training_follows_the_cpus_loss_curve():
     seed = torch.seed()
     print("seed", seed)
-    model_cpu = mlp()
-    model = mlp()
-    model.load_state_dict(model_cpu.state_dict())
-    model.to(DEVICE)
+    model_cpu, model = twins(mlp)
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model_cpu, model)]
     x, y = torch.randn(32, 16), torch.randn(32, 4)
     losses = {"cpu": [], DEVICE: []}

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import rtpu
+from conftest import twins
 from test_models import assert_close_to_max, small_gpt, image_batches, small_cnn, token_batches, train, train_on_tpu_and_cpu
 from test_step import mlp, mlp_batches
 from training import train_step
@@ -83,10 +84,7 @@ def test_compiled_replays_launch_back_to_back_without_waiting_for_the_device():
     for it, so a compiled step holds the host for its launches only."""
     seed = torch.seed()
     print("seed", seed)
-    model_cpu = mlp()
-    model = mlp()
-    model.load_state_dict(model_cpu.state_dict())
-    model.to(DEVICE)
+    model_cpu, model = twins(mlp)
     optimizer_cpu = torch.optim.SGD(model_cpu.parameters(), lr=0.05, momentum=0.9)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     step = torch.compile(train_step, backend="tpu")

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import rtpu
+from conftest import twins
 
 DEVICE = "tpu"
 # Float32 rounding in another order over 5 steps (Adam's division by
@@ -34,10 +35,7 @@ def mlp():
 def twin_mlps():
     """The same fresh MLP on the CPU and on tpu."""
     torch.manual_seed(torch.seed())
-    model_cpu = mlp()
-    model = mlp()
-    model.load_state_dict(model_cpu.state_dict())
-    return model_cpu, model.to(DEVICE)
+    return twins(mlp)
 
 
 def train(model, optimizer, device, steps, step_mode):

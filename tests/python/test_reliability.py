@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import rtpu
+from conftest import twins
 from test_step import mse_steps
 from training import train_step
 
@@ -283,6 +284,31 @@ def classifier_step(model, optimizer, x, target):
     return loss
 
 
+def classifier(classes):
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, classes))
+
+
+def assert_unchanged(model, optimizer, state, optimizer_state):
+    """The model's weights and the optimizer's tpu buffers hold the bytes of
+    `state` and `optimizer_state` (their copies from before a failed step)."""
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value.cpu(), state[name], rtol=0, atol=0, msg=name)
+    for kept, s in zip(optimizer_state, optimizer.state.values()):
+        for k, v in kept.items():
+            torch.testing.assert_close(s[k].cpu(), v, rtol=0, atol=0, msg=k)
+
+
+def assert_next_step_trains_as_cpu(cpu, tpu, x, y):
+    """One more step of (model, optimizer) on the CPU and of (model,
+    optimizer, step function) on tpu gives the same loss and weights."""
+    (model_cpu, optimizer_cpu), (model, optimizer, tpu_step) = cpu, tpu
+    loss_cpu = train_step(model_cpu, optimizer_cpu, x, y)
+    loss = tpu_step(model, optimizer, x.to(DEVICE), y.to(DEVICE))
+    torch.testing.assert_close(loss.cpu(), loss_cpu.detach(), rtol=1e-5, atol=1e-6)
+    for (name, value), expected in zip(model.state_dict().items(), model_cpu.state_dict().values()):
+        torch.testing.assert_close(value.cpu(), expected, rtol=1e-5, atol=1e-6, msg=name)
+
+
 OPTIMIZERS = {
     "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     "adamw": lambda p: torch.optim.AdamW(p, lr=0.01),
@@ -295,10 +321,7 @@ def test_a_step_failing_a_device_check_keeps_the_old_weights_and_the_next_step_t
     seed = torch.seed()
     print("seed", seed)
     classes = 5
-    model_cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, classes))
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, classes))
-    model.load_state_dict(model_cpu.state_dict())
-    model.to(DEVICE)
+    model_cpu, model = twins(lambda: classifier(classes))
     make_optimizer = OPTIMIZERS[optimizer_name]
     optimizer_cpu, optimizer = make_optimizer(model_cpu.parameters()), make_optimizer(model.parameters())
     # In a step the target is checked on the device when computed there; a
@@ -321,22 +344,14 @@ def test_a_step_failing_a_device_check_keeps_the_old_weights_and_the_next_step_t
         tpu_step(model, optimizer, x.to(DEVICE), bad.to(DEVICE)).item()
     # Nothing the failed step would have written changed: weights, biases and
     # the optimizer's buffers hold their old bytes.
-    for name, value in model.state_dict().items():
-        torch.testing.assert_close(value.cpu(), state[name], rtol=0, atol=0, msg=name)
-    for kept, s in zip(optimizer_state, optimizer.state.values()):
-        for k, v in kept.items():
-            torch.testing.assert_close(s[k].cpu(), v, rtol=0, atol=0, msg=k)
+    assert_unchanged(model, optimizer, state, optimizer_state)
     # The model can be saved, and the next step trains as on CPU, whose
     # optimizer never saw the failed step (a step counter on the host is not
     # rtpu's to keep, so the test winds it back).
     torch.save(model.state_dict(), os.devnull)
     for s, step in zip((s for s in optimizer.state.values() if "step" in s and s["step"].device.type == "cpu"), host_steps):
         s["step"].copy_(step)
-    loss_cpu = train_step(model_cpu, optimizer_cpu, x, good)
-    loss = tpu_step(model, optimizer, x.to(DEVICE), good.to(DEVICE))
-    torch.testing.assert_close(loss.cpu(), loss_cpu.detach(), rtol=1e-5, atol=1e-6)
-    for (name, value), expected in zip(model.state_dict().items(), model_cpu.state_dict().values()):
-        torch.testing.assert_close(value.cpu(), expected, rtol=1e-5, atol=1e-6, msg=name)
+    assert_next_step_trains_as_cpu((model_cpu, optimizer_cpu), (model, optimizer, tpu_step), x, good)
 
 
 def test_compiled_steps_launched_after_a_failed_check_are_undone_with_it():
@@ -347,10 +362,7 @@ def test_compiled_steps_launched_after_a_failed_check_are_undone_with_it():
     seed = torch.seed()
     print("seed", seed)
     classes = 5
-    model_cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, classes))
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, classes))
-    model.load_state_dict(model_cpu.state_dict())
-    model.to(DEVICE)
+    model_cpu, model = twins(lambda: classifier(classes))
     optimizer_cpu = torch.optim.AdamW(model_cpu.parameters(), lr=0.01)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, capturable=True)
     tpu_step = torch.compile(train_step, backend="tpu")
@@ -372,17 +384,9 @@ def test_compiled_steps_launched_after_a_failed_check_are_undone_with_it():
     for loss in (failed, after):  # both steps' losses hold the error
         with pytest.raises(RuntimeError, match=r"class indices in \[0, 5\)"):
             loss.item()
-    for name, value in model.state_dict().items():
-        torch.testing.assert_close(value.cpu(), state[name], rtol=0, atol=0, msg=name)
-    for kept, s in zip(optimizer_state, optimizer.state.values()):
-        for k, v in kept.items():
-            torch.testing.assert_close(s[k].cpu(), v, rtol=0, atol=0, msg=k)
+    assert_unchanged(model, optimizer, state, optimizer_state)
     # CPU never took the two steps; the next one trains as CPU's third.
-    loss_cpu = train_step(model_cpu, optimizer_cpu, x, good)
-    loss = tpu_step(model, optimizer, x.to(DEVICE), good.to(DEVICE))
-    torch.testing.assert_close(loss.cpu(), loss_cpu.detach(), rtol=1e-5, atol=1e-6)
-    for (name, value), expected in zip(model.state_dict().items(), model_cpu.state_dict().values()):
-        torch.testing.assert_close(value.cpu(), expected, rtol=1e-5, atol=1e-6, msg=name)
+    assert_next_step_trains_as_cpu((model_cpu, optimizer_cpu), (model, optimizer, tpu_step), x, good)
 
 
 def test_a_value_a_failed_graph_made_stays_an_error_after_a_chained_graph_updates_it():
