@@ -353,10 +353,8 @@ def main():
         results = {
             f"rtpu {mode}": run_rtpu_cold_then_warm(mode, name, args.steps, args.warmup) for mode in ("step", "compile")
         }
-        results.update({
-            "cpu eager": run_cpu(name, args.steps, args.warmup),
-            "cpu aot_eager": run_cpu(name, args.steps, args.warmup, backend="aot_eager"),
-        })
+        results["cpu eager"] = run_cpu(name, args.steps, args.warmup)
+        results["cpu aot_eager"] = run_cpu(name, args.steps, args.warmup, backend="aot_eager")
         if args.jax_python:
             results["jax jit"] = run_other(args.jax_python, "jax_models.py", name, args.steps, args.warmup)
             # The same JAX program on the XLA CPU plugin rtpu runs on (a

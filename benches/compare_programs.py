@@ -54,10 +54,12 @@ def summarize(hlo_text, memory_report):
     kinds = [op.group(1) if op else "" for op in ops]
     copies = [line for line, kind in zip(instructions, kinds) if kind == "copy"]
     root = next(line for line in instructions if line.startswith("ROOT "))
+    # A tuple ROOT's type lists one shape ("f32[...]") per output.
+    root_type = root.split(" = ", 1)[1].split(" tuple(")[0]
     allocation = re.match(r"Total bytes used: (\d+)", memory_report)
     return {
         "parameters": kinds.count("parameter"),
-        "outputs": root.split(" = ", 1)[1].split(" tuple(")[0].count("[") if "tuple(" in root else 1,
+        "outputs": root_type.count("[") if " tuple(" in root else 1,
         "donated": header.count("may-alias") + header.count("must-alias"),
         "dots": sum(kind in ("dot", "convolution") for kind in kinds),
         "fusions": kinds.count("fusion"),
@@ -76,8 +78,8 @@ def step_program(dump_dir, name_pattern):
     path = max(paths, key=os.path.getsize)
     with open(path) as f:
         text = f.read()
-    report = path.replace(".txt", "-memory-usage-report.txt")
-    with open(report) if os.path.exists(report) else open(os.devnull) as f:
+    # XLA's memory report, which starts "Total bytes used: N".
+    with open(path.replace(".txt", "-memory-usage-report.txt")) as f:
         return path, text, f.readline()
 
 
