@@ -478,15 +478,23 @@ impl Node {
     }
 }
 
+/// A parameter whose buffer the caller donates, and the output that holds
+/// its new value: XLA writes that output into the donated memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Donor {
+    pub param: usize,
+    pub output: usize,
+}
+
 /// A function of typed parameters: nodes in definition order, outputs last.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Graph {
     pub params: Vec<TensorType>,
     pub nodes: Vec<(Node, TensorType)>,
     pub outputs: Vec<ValueId>,
-    /// Parameters whose buffers the caller donates: XLA may reuse their
-    /// memory for outputs of the same type.
-    pub donors: Vec<usize>,
+    /// Parameters whose buffers the caller donates, each with the output
+    /// that overwrites it.
+    pub donors: Vec<Donor>,
     /// Set for a program partitioned over the devices of a mesh.
     pub spmd: Option<Spmd>,
 }
@@ -550,5 +558,105 @@ impl Graph {
             spmd: None,
         };
         (pruned, kept_params)
+    }
+
+    /// Reorders the nodes so that each follows the values it reads, for a
+    /// graph rewritten to read values defined after it. Keeps the order of
+    /// nodes that already follow their operands; parameter numbers stay.
+    pub fn sort_operands_first(&mut self) {
+        #[derive(Clone, Copy, PartialEq)]
+        enum State {
+            Unvisited,
+            OperandsPending,
+            Placed,
+        }
+        let n = self.nodes.len();
+        let mut state = vec![State::Unvisited; n];
+        let mut new_id = vec![0; n];
+        let mut placed = 0;
+        let mut stack = Vec::new();
+        for root in 0..n {
+            stack.push(root);
+            while let Some(&id) = stack.last() {
+                match state[id] {
+                    State::Unvisited => {
+                        state[id] = State::OperandsPending;
+                        let mut operands = Vec::new();
+                        self.nodes[id]
+                            .0
+                            .clone()
+                            .for_each_operand_mut(|v| operands.push(*v));
+                        // Reversed, so the first operand is placed first. A
+                        // pending operand would be a cycle: none is made.
+                        let unvisited = operands
+                            .into_iter()
+                            .rev()
+                            .filter(|&v| state[v] == State::Unvisited);
+                        stack.extend(unvisited);
+                    }
+                    State::OperandsPending => {
+                        state[id] = State::Placed;
+                        new_id[id] = placed;
+                        placed += 1;
+                        stack.pop();
+                    }
+                    State::Placed => {
+                        stack.pop();
+                    }
+                }
+            }
+        }
+        let mut nodes: Vec<(usize, (Node, TensorType))> = std::mem::take(&mut self.nodes)
+            .into_iter()
+            .enumerate()
+            .collect();
+        nodes.sort_unstable_by_key(|&(id, _)| new_id[id]);
+        self.nodes = nodes
+            .into_iter()
+            .map(|(_, (mut node, ty))| {
+                node.for_each_operand_mut(|v| *v = new_id[*v]);
+                (node, ty)
+            })
+            .collect();
+        for output in &mut self.outputs {
+            *output = new_id[*output];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sort_operands_first_places_values_read_before_they_were_defined() {
+        let f32x2 = TensorType::new(DType::F32, &[2]);
+        // Node 1 reads node 3, defined after it.
+        let mut graph = Graph {
+            params: vec![f32x2.clone()],
+            nodes: vec![
+                (Node::Param(0), f32x2.clone()),
+                (Node::Binary(BinaryOp::Add, 0, 3), f32x2.clone()),
+                (Node::Unary(UnaryOp::Neg, 0), f32x2.clone()),
+                (Node::Unary(UnaryOp::Tanh, 2), f32x2.clone()),
+            ],
+            outputs: vec![1, 3],
+            donors: Vec::new(),
+            spmd: None,
+        };
+        graph.sort_operands_first();
+        let want = vec![
+            (Node::Param(0), f32x2.clone()),
+            (Node::Unary(UnaryOp::Neg, 0), f32x2.clone()),
+            (Node::Unary(UnaryOp::Tanh, 1), f32x2.clone()),
+            (Node::Binary(BinaryOp::Add, 0, 2), f32x2),
+        ];
+        assert_eq!(graph.nodes, want);
+        assert_eq!(graph.outputs, vec![3, 2]);
+
+        // A graph already in order keeps it.
+        let before = graph.clone();
+        graph.sort_operands_first();
+        assert_eq!(graph, before);
     }
 }

@@ -42,9 +42,22 @@ pub fn lower(graph: &Graph) -> String {
             }
         }
         let mut attributes = Vec::new();
-        if graph.donors.contains(&i) {
-            // XLA may alias the donated buffer with an output of its type.
-            attributes.push("jax.buffer_donor = true".to_string());
+        if let Some(donor) = graph.donors.iter().find(|d| d.param == i) {
+            // Naming the output that overwrites the buffer: a bare donor
+            // lets XLA pair it with any output of its type (a momentum
+            // buffer with the gradient that updates it), and the wrong
+            // pairing costs a copy of both. An output stored unlike its
+            // parameter (in other dims, or split otherwise over an SPMD
+            // program's devices) can only take a bare donor's buffer.
+            let output = graph.outputs[donor.output];
+            let stored_alike = graph.ty(output) == ty
+                && graph.spmd.as_ref().is_none_or(|spmd| {
+                    spmd.outputs[donor.output].as_ref() == Some(&spmd.params[i])
+                });
+            attributes.push(match stored_alike {
+                true => format!("tf.aliasing_output = {} : i32", donor.output),
+                false => "jax.buffer_donor = true".to_string(),
+            });
         }
         if let Some(spmd) = &graph.spmd {
             attributes.push(sharding_attribute(&spmd.params[i], spmd.devices.len()));
@@ -598,7 +611,7 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{BinaryOp, UnaryOp};
+    use crate::ir::{BinaryOp, Donor, UnaryOp};
 
     #[test]
     fn golden_add_then_tanh() {
@@ -614,11 +627,14 @@ mod tests {
                 (Node::Unary(UnaryOp::Tanh, 4), f32x2.clone()),
             ],
             outputs: vec![5],
-            donors: vec![1],
+            donors: vec![Donor {
+                param: 1,
+                output: 0,
+            }],
             spmd: None,
         };
         let want = r#"module @rtpu {
-  func.func public @main(%v0: tensor<2xf32>, %v1: tensor<2xf32> {jax.buffer_donor = true}) -> (tensor<2xf32>) {
+  func.func public @main(%v0: tensor<2xf32>, %v1: tensor<2xf32> {tf.aliasing_output = 0 : i32}) -> (tensor<2xf32>) {
     %v2 = "stablehlo.add"(%v0, %v1) : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>
     %v3 = "stablehlo.constant"() {value = dense<0x3F000000> : tensor<2xf32>} : () -> tensor<2xf32>
     %v4 = "stablehlo.multiply"(%v2, %v3) : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>

@@ -283,7 +283,7 @@ fn bind(
         .graph
         .donors
         .iter()
-        .copied()
+        .map(|d| d.param)
         .filter(|&p| matches!(params[p], Binding::Input(i) if overwritten(i)))
         .collect();
     // Outputs the graph does not compute may be inputs or views of them

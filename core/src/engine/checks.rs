@@ -10,7 +10,7 @@
 //! host runs ahead, and one failed check undoes the graphs chained after
 //! it as well as its own: the error is raised at the next sync point.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::iter;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
@@ -130,6 +130,51 @@ pub(super) fn keep_old_values_on_failure(
         })
         .collect();
     (kept, Some(failed))
+}
+
+/// Has every node of a pruned graph that reads a value
+/// `keep_old_values_on_failure` selected on (outputs with `kept_on_failure`
+/// set) read the selected value instead, but for the checks, which decide it.
+/// Both are equal unless a check failed, and then every output keeps its old
+/// value anyway. An optimizer's update of the weight then reads the new `m`
+/// from `m`'s output, as in JAX's programs. Otherwise XLA fuses the new `m`
+/// into both that update and the select, so the update reads the old `m`
+/// after its donated buffer was overwritten: a copy of the buffer per step.
+pub(super) fn read_kept_values(graph: &mut Graph, kept_on_failure: &[bool]) {
+    let mut selected_of = HashMap::new();
+    let mut failed = None;
+    for (&select, _) in graph
+        .outputs
+        .iter()
+        .zip(kept_on_failure)
+        .filter(|(_, &kept)| kept)
+    {
+        if let Node::Select { pred, on_false, .. } = graph.nodes[select].0 {
+            selected_of.entry(on_false).or_insert(select);
+            if let Node::Broadcast { operand, .. } = graph.nodes[pred].0 {
+                failed = Some(operand);
+            }
+        }
+    }
+    let Some(failed) = failed else { return };
+    // The checks and what they read; nothing after `failed` feeds it.
+    let mut feeds_failed = vec![false; graph.nodes.len()];
+    feeds_failed[failed] = true;
+    for id in (0..=failed).rev() {
+        if feeds_failed[id] {
+            graph.nodes[id]
+                .0
+                .clone()
+                .for_each_operand_mut(|v| feeds_failed[*v] = true);
+        }
+    }
+    let selects: HashSet<ValueId> = selected_of.values().copied().collect();
+    for (id, (node, _)) in graph.nodes.iter_mut().enumerate() {
+        if !feeds_failed[id] && !selects.contains(&id) {
+            node.for_each_operand_mut(|v| *v = *selected_of.get(v).unwrap_or(v));
+        }
+    }
+    graph.sort_operands_first();
 }
 
 /// What a graph that ran leaves to check.

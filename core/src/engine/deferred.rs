@@ -15,7 +15,9 @@ use std::time::Instant;
 
 use super::cache::{self, ReadAs, ReadFrom};
 use super::capture::RanGraph;
-use super::checks::{keep_old_values_on_failure, verify_checks, watch_checks, OnFailure, Ran};
+use super::checks::{
+    keep_old_values_on_failure, read_kept_values, verify_checks, watch_checks, OnFailure, Ran,
+};
 use super::failure::{find_culprit, graph_error};
 use super::launch::{execute, Source};
 use super::location::{current_location, intern_location};
@@ -25,7 +27,7 @@ use super::work;
 use crate::builder::{Builder, Output, ParamSource, PendingOutput};
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
-use crate::ir::{Graph, Node, TensorType, ValueId};
+use crate::ir::{Donor, Graph, Node, TensorType, ValueId};
 use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client};
 use crate::storage::{Storage, StorageValue, View};
@@ -588,28 +590,27 @@ fn run_graph(mut pg: PendingGraph, site: u32, capture: bool) -> Result<Option<Ra
     // The chained flag, the captured graph's last output.
     outputs.extend(failed.filter(|_| upstream.is_some()));
     let (mut pruned, kept) = graph.prune(&outputs);
+    read_kept_values(&mut pruned, &kept_on_failure);
     // A buffer held only by this graph belongs to a storage the graph
     // overwrites: XLA may reuse its memory for the new value. A capture
     // donates nothing now but lets its replays donate any such input.
-    let read_then_written: Vec<usize> = written.iter().filter_map(|(_, s)| s.param).collect();
     pruned.donors = kept
         .iter()
         .enumerate()
-        .filter(|(_, &old)| {
-            read_then_written.contains(&old)
-                && match &sources[old] {
-                    // A replayed executable (see `upstream`).
-                    Source::Buffer(_) if upstream.is_some() => true,
-                    _ if capture => false,
-                    Source::Buffer(b) => Arc::strong_count(b) == 1,
-                    Source::Sharded(s) => {
-                        Arc::strong_count(s) == 1
-                            && s.buffers.iter().all(|b| Arc::strong_count(b) == 1)
-                    }
-                    Source::Host { .. } => false,
-                }
+        .filter(|(_, &old)| match &sources[old] {
+            // A replayed executable (see `upstream`).
+            Source::Buffer(_) if upstream.is_some() => true,
+            _ if capture => false,
+            Source::Buffer(b) => Arc::strong_count(b) == 1,
+            Source::Sharded(s) => {
+                Arc::strong_count(s) == 1 && s.buffers.iter().all(|b| Arc::strong_count(b) == 1)
+            }
+            Source::Host { .. } => false,
         })
-        .map(|(new, _)| new)
+        .filter_map(|(new, &old)| {
+            let output = writes.iter().position(|&(_, param)| param == Some(old))?;
+            Some(Donor { param: new, output })
+        })
         .collect();
     let provenance = cache::Provenance {
         site,

@@ -56,8 +56,11 @@ pub(super) fn execute(
             }
         });
     }
-    let donors: &[usize] = if donate { &graph.donors } else { &[] };
-    let buffers = launch(client, device_index, &exe, &args, donors)?;
+    let donors: Vec<usize> = match donate {
+        true => graph.donors.iter().map(|d| d.param).collect(),
+        false => Vec::new(),
+    };
+    let buffers = launch(client, device_index, &exe, &args, &donors)?;
     metrics::add(Metric::GraphExecutions, 1);
     metrics::add(Metric::BuffersDonated, donors.len() as u64);
     if buffers.len() != graph.outputs.len() {

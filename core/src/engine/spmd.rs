@@ -142,7 +142,13 @@ fn execute(
         .collect();
     let mut donated: Vec<Vec<Arc<Buffer>>> = rows
         .iter()
-        .map(|row| program.donors.iter().map(|&d| row[d].clone()).collect())
+        .map(|row| {
+            program
+                .donors
+                .iter()
+                .map(|d| row[d.param].clone())
+                .collect()
+        })
         .collect();
     let rows: Vec<Vec<&Buffer>> = rows
         .iter()
@@ -153,7 +159,7 @@ fn execute(
     let results = exe.execute(
         &rows,
         &ExecuteOptions {
-            donate: program.donors.clone(),
+            donate: program.donors.iter().map(|d| d.param).collect(),
             asynchronous: true,
         },
     );
