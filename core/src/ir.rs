@@ -516,6 +516,11 @@ impl Graph {
         &self.nodes[value].1
     }
 
+    /// The parameters whose buffers the caller donates.
+    pub fn donated_params(&self) -> impl Iterator<Item = usize> + '_ {
+        self.donors.iter().map(|d| d.param)
+    }
+
     /// The graph restricted to what `outputs` need, with parameters renumbered;
     /// also returns the old index of each kept parameter.
     pub fn prune(&self, outputs: &[ValueId]) -> (Graph, Vec<usize>) {
@@ -582,10 +587,7 @@ impl Graph {
                     State::Unvisited => {
                         state[id] = State::OperandsPending;
                         let mut operands = Vec::new();
-                        self.nodes[id]
-                            .0
-                            .clone()
-                            .for_each_operand_mut(|v| operands.push(*v));
+                        self.nodes[id].0.for_each_operand_mut(|v| operands.push(*v));
                         // Reversed, so the first operand is placed first. A
                         // pending operand would be a cycle: none is made.
                         let unvisited = operands

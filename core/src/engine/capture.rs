@@ -281,9 +281,7 @@ fn bind(
     };
     let donors = ran
         .graph
-        .donors
-        .iter()
-        .map(|d| d.param)
+        .donated_params()
         .filter(|&p| matches!(params[p], Binding::Input(i) if overwritten(i)))
         .collect();
     // Outputs the graph does not compute may be inputs or views of them

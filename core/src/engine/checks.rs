@@ -164,17 +164,24 @@ pub(super) fn read_kept_values(graph: &mut Graph, kept_on_failure: &[bool]) {
         if feeds_failed[id] {
             graph.nodes[id]
                 .0
-                .clone()
                 .for_each_operand_mut(|v| feeds_failed[*v] = true);
         }
     }
     let selects: HashSet<ValueId> = selected_of.values().copied().collect();
+    let mut redirected = false;
     for (id, (node, _)) in graph.nodes.iter_mut().enumerate() {
         if !feeds_failed[id] && !selects.contains(&id) {
-            node.for_each_operand_mut(|v| *v = *selected_of.get(v).unwrap_or(v));
+            node.for_each_operand_mut(|v| {
+                if let Some(&selected) = selected_of.get(v) {
+                    *v = selected;
+                    redirected = true;
+                }
+            });
         }
     }
-    graph.sort_operands_first();
+    if redirected {
+        graph.sort_operands_first();
+    }
 }
 
 /// What a graph that ran leaves to check.

@@ -57,7 +57,7 @@ pub(super) fn execute(
         });
     }
     let donors: Vec<usize> = match donate {
-        true => graph.donors.iter().map(|d| d.param).collect(),
+        true => graph.donated_params().collect(),
         false => Vec::new(),
     };
     let buffers = launch(client, device_index, &exe, &args, &donors)?;

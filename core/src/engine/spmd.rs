@@ -142,13 +142,7 @@ fn execute(
         .collect();
     let mut donated: Vec<Vec<Arc<Buffer>>> = rows
         .iter()
-        .map(|row| {
-            program
-                .donors
-                .iter()
-                .map(|d| row[d.param].clone())
-                .collect()
-        })
+        .map(|row| program.donated_params().map(|p| row[p].clone()).collect())
         .collect();
     let rows: Vec<Vec<&Buffer>> = rows
         .iter()
@@ -159,7 +153,7 @@ fn execute(
     let results = exe.execute(
         &rows,
         &ExecuteOptions {
-            donate: program.donors.iter().map(|d| d.param).collect(),
+            donate: program.donated_params().collect(),
             asynchronous: true,
         },
     );
