@@ -1,7 +1,8 @@
 // The PrivateUse1 allocator: every storage is an rtpu storage. The DataPtr's
 // context is the rtpu_storage handle; its pointer value is a synthetic id
 // (the handle's address tagged with the device index) that is never
-// dereferenced. There is no cache, so reserved memory equals allocated.
+// dereferenced. Storages are not cached, so reserved memory equals allocated
+// (the CPU plugin's host cache is process-wide: see emptyCache).
 
 #include "rtpu_torch.h"
 
@@ -163,7 +164,10 @@ struct RtpuAllocator final : c10::DeviceAllocator {
   }
 
   void emptyCache(c10::MempoolId_t) override {
-    // rtpu keeps no cache: freed storages return to the device at once.
+    // Freed storages return to the device at once; what the CPU plugin's
+    // host cache keeps of their memory goes back to the system here.
+    uint64_t released = 0;
+    check(rtpu_host_cache_release(&released));
   }
 
   void recordStream(const c10::DataPtr&, c10::Stream) override {

@@ -923,6 +923,13 @@ struct rtpu_error *rtpu_buffer_copy_to_device(const struct rtpu_buffer *buffer, 
 void rtpu_buffer_destroy(struct rtpu_buffer *buffer);
 
 /**
+ * Gives back to the system the large host blocks that the CPU plugin freed
+ * and rtpu kept for its next requests (README "Speed"), writing their
+ * bytes to `*released_out`. Live buffers are untouched. Thread-safe.
+ */
+struct rtpu_error *rtpu_host_cache_release(uint64_t *released_out);
+
+/**
  * Fills `*info_out` up to its `struct_size` (which the caller sets), only
  * on success. Thread-safe.
  */

@@ -82,6 +82,8 @@ metrics! {
     SpmdCollectives = "spmd_collectives", Count, "collectives XLA's partitioner put in the SPMD programs compiled or loaded";
     SpmdReplicatedBytes = "spmd_replicated_bytes", Bytes, "bytes of unsharded inputs of SPMD programs copied to the other devices of the mesh";
     SpmdCollectiveBytes = "spmd_collective_bytes", Bytes, "bytes the collectives of the SPMD programs run produced on each device (their results' sizes, per device)";
+    HostCacheBytes = "host_cache_bytes", Live, "bytes of large blocks the CPU plugin freed, kept for its next requests (given back by empty_cache)";
+    HostCacheReuses = "host_cache_reuses", Count, "large blocks the CPU plugin got from those kept instead of from the system";
 }
 
 const COUNT: usize = DEFINITIONS.len();

@@ -294,3 +294,15 @@ pub extern "C" fn rtpu_buffer_destroy(buffer: *mut rtpu_buffer) {
     // destroyed once.
     infallible((), || unsafe { drop_boxed(buffer.cast::<Buffer>()) })
 }
+
+/// Gives back to the system the large host blocks that the CPU plugin freed
+/// and rtpu kept for its next requests (README "Speed"), writing their
+/// bytes to `*released_out`. Live buffers are untouched. Thread-safe.
+#[no_mangle]
+pub extern "C" fn rtpu_host_cache_release(released_out: *mut u64) -> *mut rtpu_error {
+    fallible("rtpu_host_cache_release", || {
+        let released_out = Out::new(released_out, "released_out")?;
+        released_out.write(rtpu_core::runtime::host_cache::release());
+        Ok(())
+    })
+}

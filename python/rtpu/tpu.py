@@ -369,7 +369,9 @@ def max_memory_allocated(device: Any = None) -> int:
 
 
 def memory_reserved(device: Any = None) -> int:
-    """Equal to memory_allocated: rtpu keeps no cache."""
+    """Equal to memory_allocated: storages keep no cache. (On the CPU plugin
+    the process-wide cache of large freed host blocks is
+    `rtpu.metrics()["host_cache_bytes"]`; see empty_cache.)"""
     return torch.accelerator.memory_reserved(_index(device))
 
 
@@ -382,5 +384,6 @@ def reset_peak_memory_stats(device: Any = None) -> None:
 
 
 def empty_cache() -> None:
-    """A no-op: rtpu keeps no cache, freed storages go back at once."""
+    """Freed storages go back at once; this gives back the large host blocks
+    the CPU plugin freed and rtpu kept for its next runs (README "Speed")."""
     torch.accelerator.empty_cache()

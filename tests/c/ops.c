@@ -171,6 +171,10 @@ int main(void) {
   CHECK_OK(rtpu_cache_clear(&removed));
   CHECK(removed == 0);
   CHECK_ERROR(rtpu_cache_clear(NULL), INVALID, "removed_out");
+  uint64_t released = 99;
+  CHECK_OK(rtpu_host_cache_release(&released));
+  CHECK(released != 99);
+  CHECK_ERROR(rtpu_host_cache_release(NULL), INVALID, "released_out");
 
   CHECK_OK(rtpu_tensor_copy_to_host(&whole, back, sizeof back));
   CHECK(memcmp(back, want, sizeof want) == 0);

@@ -102,6 +102,54 @@ def test_empty_cache_keeps_live_tensors_and_freed_memory_is_returned_at_once():
     torch.testing.assert_close(kept.cpu(), torch.arange(1000, dtype=torch.float32))
 
 
+def test_large_freed_host_blocks_are_reused_and_empty_cache_gives_them_back():
+    # On the CPU plugin device memory is host memory: blocks of 4 MiB and up
+    # that the plugin frees are kept for its next requests, not unmapped.
+    n = 1 << 20  # 4 MiB of float32
+    kept = torch.randn(n).to("tpu")
+    reuses = rtpu.metrics()["host_cache_reuses"]
+    for _ in range(3):
+        a = torch.randn(n)  # fresh values: a reused block must not show old ones
+        out = a.to("tpu") * 2 + kept
+        torch.testing.assert_close(out.cpu(), a * 2 + kept.cpu(), rtol=1.3e-6, atol=1e-5)
+        del out
+    assert rtpu.metrics()["host_cache_reuses"] > reuses
+    # The plugin may free a buffer on one of its threads a little later.
+    deadline = time.monotonic() + 3
+    while rtpu.metrics()["host_cache_bytes"] < 4 << 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rtpu.metrics()["host_cache_bytes"] >= 4 << 20
+    torch.tpu.empty_cache()
+    assert rtpu.metrics()["host_cache_bytes"] == 0
+    assert kept.cpu().shape == (n,)
+
+
+def test_rtpu_host_cache_max_bytes_caps_the_host_cache():
+    # The plugin may free a buffer on one of its threads a little later:
+    # wait (up to 3 s) for the blocks of the last round to come back.
+    script = (
+        "import time, torch, rtpu\n"
+        "for _ in range(3):\n"
+        "    a = torch.ones(1 << 20, device='tpu')\n"
+        "    b = a * 2\n"
+        "    b.cpu(); del a, b\n"
+        "deadline = time.monotonic() + 3\n"
+        "while rtpu.metrics()['host_cache_bytes'] < 4 << 20 and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "print(rtpu.metrics()['host_cache_bytes'])\n"
+    )
+
+    def kept_bytes(cap):
+        done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, RTPU_HOST_CACHE_MAX_BYTES=cap),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.strip().splitlines()[-1])
+
+    assert kept_bytes("0") == 0  # off
+    assert kept_bytes(str(5 << 20)) == 4 << 20  # room for one 4 MiB block
+    assert kept_bytes(str(1 << 30)) >= 4 << 20
+
+
 def test_memory_stats_follow_storages():
     torch.tpu.reset_peak_memory_stats()
     before = torch.tpu.memory_allocated()

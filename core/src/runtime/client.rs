@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::runtime::sys::{self, Args, PJRT_Client, PJRT_Device, PJRT_DeviceDescription};
 
+use super::host_cache;
 use super::key_value::{KeyValueStore, StoreCallbacks};
 use super::plugin::Plugin;
 use crate::error::{Error, ErrorCode, Result};
@@ -155,9 +156,14 @@ impl Client {
             }
             .to_vec();
         }
-        Ok(Client {
+        let client = Client {
             inner: Arc::new(inner),
-        })
+        };
+        // On the CPU plugin device memory is the host's: cache its large blocks.
+        if client.platform_name()? == "cpu" {
+            host_cache::install(plugin.path());
+        }
+        Ok(client)
     }
 
     /// Identifies the client (equal for clones) for caches keyed by client.

@@ -24,6 +24,7 @@ mod client;
 mod compile;
 mod event;
 mod executable;
+pub mod host_cache;
 mod key_value;
 mod plugin;
 pub(crate) mod sys;

@@ -1,0 +1,607 @@
+//! A caching allocator for the large host blocks of XLA's CPU plugin.
+//!
+//! On the CPU plugin device memory is host memory: every buffer and every
+//! run's temporary comes from the plugin's `posix_memalign` (or
+//! `aligned_alloc`) and goes back through its `free`. glibc serves a block
+//! above 32 MiB with a fresh `mmap` and unmaps it at `free`, so a program
+//! with a 90 MiB temporary page-faults all of it in again on every run: a
+//! GPT training step here took ~22k page faults, ~30 ms of its ~260. GLIBC's
+//! tunables would fix it, but only for the whole process and only when set
+//! before it starts. CUDA's caching allocator answers the same problem for
+//! GPUs by keeping freed blocks for the next request, and so does this
+//! module, for the plugin alone: `install` points the plugin's own GOT
+//! entries for those functions at the ones below. Nothing else in the process
+//! changes allocator, and a plugin whose GOT holds none of them is left as is.
+//!
+//! Blocks of at least `MIN_CACHED_BYTES` are tracked while the plugin holds
+//! them; a freed one is kept (up to `RTPU_HOST_CACHE_MAX_BYTES`, default
+//! 1 GiB, oldest given back first) and handed out again for a request of the
+//! same size; one that no request claims while 16 later ones are kept goes
+//! back too. `release` frees every kept block (`torch.tpu.empty_cache()`).
+//! Every block is a genuine glibc allocation, so one freed by another path
+//! stays valid memory; see `untrack`.
+
+use std::ffi::{c_int, c_void, CStr};
+use std::path::Path;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use crate::metrics::{self, Metric};
+
+/// Smaller blocks are left to glibc, whose heaps already reuse them.
+const MIN_CACHED_BYTES: usize = 4 << 20;
+
+/// How many large blocks can be tracked at once. Beyond it a block is
+/// allocated and freed by glibc as if there were no cache.
+const TRACKED: usize = 64;
+
+/// The environment variable capping the bytes kept; 0 turns the cache off.
+pub const MAX_BYTES_ENV: &str = "RTPU_HOST_CACHE_MAX_BYTES";
+const DEFAULT_MAX_BYTES: usize = 1 << 30;
+
+/// A large block: its address, the size the plugin asked for, and the
+/// alignment it was allocated with.
+#[derive(Clone, Copy)]
+struct Block {
+    ptr: *mut c_void,
+    size: usize,
+    align: usize,
+}
+
+// SAFETY: a block is plain memory owned by whoever holds the `Block`; moving
+// the address between threads is what `free` from another thread does.
+unsafe impl Send for Block {}
+
+/// The blocks the plugin holds now. `free` is called for every block the
+/// plugin frees, small ones included, so finding a pointer here is lock-free:
+/// a scan of `TRACKED` atomics, skipped while none is live.
+struct Live {
+    ptrs: [AtomicPtr<c_void>; TRACKED],
+    sizes: [AtomicUsize; TRACKED],
+    aligns: [AtomicUsize; TRACKED],
+    count: AtomicUsize,
+}
+
+/// A slot being filled: never an address glibc returns.
+const CLAIMED: usize = 1;
+
+static LIVE: Live = Live {
+    ptrs: [const { AtomicPtr::new(std::ptr::null_mut()) }; TRACKED],
+    sizes: [const { AtomicUsize::new(0) }; TRACKED],
+    aligns: [const { AtomicUsize::new(0) }; TRACKED],
+    count: AtomicUsize::new(0),
+};
+
+/// A kept block goes back to glibc once this many other blocks were kept
+/// after it without one request claiming it: a training loop asks for the
+/// same few sizes every step, and a size seen once (the first step's
+/// program, say) should not hold memory for the rest of the run.
+const KEPT_WINDOW: u64 = 16;
+
+/// Freed blocks kept for reuse, oldest first, each with the `kept` count
+/// at which it came; their total size.
+struct Kept {
+    blocks: Vec<(Block, u64)>,
+    bytes: usize,
+    kept: u64,
+}
+
+static KEPT: Mutex<Kept> = Mutex::new(Kept {
+    blocks: Vec::new(),
+    bytes: 0,
+    kept: 0,
+});
+
+fn max_bytes() -> usize {
+    static MAX: OnceLock<usize> = OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var(MAX_BYTES_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_MAX_BYTES)
+    })
+}
+
+fn lock_kept() -> std::sync::MutexGuard<'static, Kept> {
+    KEPT.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A block of `size` bytes aligned to `align` (a power of two, at least a
+/// pointer): a kept one of the same size and alignment, or a new one.
+fn take(size: usize, align: usize) -> *mut c_void {
+    let reused = {
+        let mut kept = lock_kept();
+        // The most recently freed matching block: its pages are the warmest.
+        let found = kept
+            .blocks
+            .iter()
+            .rposition(|(b, _)| b.size == size && b.align == align);
+        found.map(|i| {
+            let (block, _) = kept.blocks.remove(i);
+            kept.bytes -= block.size;
+            metrics::sub(Metric::HostCacheBytes, block.size as u64);
+            block.ptr
+        })
+    };
+    let ptr = match reused {
+        Some(ptr) => {
+            metrics::add(Metric::HostCacheReuses, 1);
+            ptr
+        }
+        None => {
+            let mut ptr = std::ptr::null_mut();
+            // SAFETY: `align` is a power of two and a multiple of a pointer's
+            // size, as posix_memalign requires.
+            if unsafe { libc::posix_memalign(&mut ptr, align, size) } != 0 {
+                return std::ptr::null_mut();
+            }
+            ptr
+        }
+    };
+    track(Block { ptr, size, align });
+    ptr
+}
+
+fn track(block: Block) {
+    // A slot is claimed before its size and alignment are written, so two
+    // threads tracking at once cannot mix their blocks' sizes.
+    let claimed = CLAIMED as *mut c_void;
+    for i in 0..TRACKED {
+        let slot = &LIVE.ptrs[i];
+        if slot
+            .compare_exchange(
+                std::ptr::null_mut(),
+                claimed,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            LIVE.sizes[i].store(block.size, Ordering::Relaxed);
+            LIVE.aligns[i].store(block.align, Ordering::Relaxed);
+            // Release: `untrack` reads the size once it sees the pointer.
+            slot.store(block.ptr, Ordering::Release);
+            LIVE.count.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    }
+    // Every slot is taken: the block stays glibc's, freed as usual.
+}
+
+/// The tracked block at `ptr`, no longer tracked; `None` when `ptr` is not
+/// one. A tracked block freed by a path that bypassed the plugin's GOT (then
+/// the address reused by glibc) would leave a stale entry; `malloc_usable_size`
+/// catches a reuse smaller than the entry, and a larger one is safe to keep
+/// as a block of the entry's size.
+fn untrack(ptr: *mut c_void) -> Option<Block> {
+    // An empty slot holds null, so `free(NULL)` must not look.
+    if ptr.is_null() || LIVE.count.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    let i = (0..TRACKED).find(|&i| LIVE.ptrs[i].load(Ordering::Acquire) == ptr)?;
+    let block = Block {
+        ptr,
+        size: LIVE.sizes[i].load(Ordering::Relaxed),
+        align: LIVE.aligns[i].load(Ordering::Relaxed),
+    };
+    LIVE.ptrs[i]
+        .compare_exchange(
+            ptr,
+            std::ptr::null_mut(),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        )
+        .ok()?;
+    LIVE.count.fetch_sub(1, Ordering::Relaxed);
+    // SAFETY: `ptr` is a live glibc allocation: the plugin is freeing it.
+    let usable = unsafe { libc::malloc_usable_size(ptr) };
+    (usable >= block.size).then_some(block)
+}
+
+/// Keeps a freed block, giving back the oldest kept ones past the cap or
+/// past `KEPT_WINDOW`.
+fn keep(block: Block) {
+    let max = max_bytes();
+    if block.size > max {
+        // SAFETY: the plugin gave the block up; it is a glibc allocation.
+        unsafe { libc::free(block.ptr) };
+        return;
+    }
+    let mut given_back = Vec::new();
+    {
+        let mut kept = lock_kept();
+        kept.kept += 1;
+        let now = kept.kept;
+        kept.blocks.push((block, now));
+        kept.bytes += block.size;
+        metrics::add(Metric::HostCacheBytes, block.size as u64);
+        // The block just kept is neither over the cap alone (see above) nor
+        // out of the window, so the loop stops before it.
+        while kept.bytes > max
+            || kept
+                .blocks
+                .first()
+                .is_some_and(|(_, at)| at + KEPT_WINDOW < now)
+        {
+            let (oldest, _) = kept.blocks.remove(0);
+            kept.bytes -= oldest.size;
+            metrics::sub(Metric::HostCacheBytes, oldest.size as u64);
+            given_back.push(oldest);
+        }
+    }
+    for block in given_back {
+        // SAFETY: kept blocks are glibc allocations nobody else holds.
+        unsafe { libc::free(block.ptr) };
+    }
+}
+
+/// Frees every kept block; returns the bytes given back.
+pub fn release() -> u64 {
+    let blocks = {
+        let mut kept = lock_kept();
+        kept.bytes = 0;
+        std::mem::take(&mut kept.blocks)
+    };
+    let mut bytes = 0;
+    for (block, _) in blocks {
+        bytes += block.size as u64;
+        // SAFETY: as in `keep`.
+        unsafe { libc::free(block.ptr) };
+    }
+    metrics::sub(Metric::HostCacheBytes, bytes);
+    bytes
+}
+
+// The plugin's allocation functions, once `install` has redirected them.
+
+extern "C" fn cached_posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
+    let valid_align = align.is_power_of_two() && align % std::mem::size_of::<usize>() == 0;
+    if size < MIN_CACHED_BYTES || !valid_align {
+        // SAFETY: the plugin's own arguments, passed through unchanged.
+        return unsafe { libc::posix_memalign(out, align, size) };
+    }
+    let ptr = take(size, align);
+    if ptr.is_null() {
+        return libc::ENOMEM;
+    }
+    // SAFETY: posix_memalign's contract: `out` is writable.
+    unsafe { out.write(ptr) };
+    0
+}
+
+extern "C" fn cached_aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    if size < MIN_CACHED_BYTES || !align.is_power_of_two() {
+        // SAFETY: the plugin's own arguments, passed through unchanged.
+        return unsafe { libc::aligned_alloc(align, size) };
+    }
+    take(size, align.max(std::mem::size_of::<usize>()))
+}
+
+extern "C" fn cached_free(ptr: *mut c_void) {
+    match untrack(ptr) {
+        Some(block) => keep(block),
+        // SAFETY: the plugin frees what it allocated; null is allowed.
+        None => unsafe { libc::free(ptr) },
+    }
+}
+
+extern "C" fn cached_realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
+    // A tracked block changes hands to glibc's realloc, which may free it.
+    untrack(ptr);
+    // SAFETY: the plugin's own arguments, passed through unchanged.
+    unsafe { libc::realloc(ptr, size) }
+}
+
+/// The functions redirected, by the name the plugin imports them under.
+fn replacement(name: &[u8]) -> Option<usize> {
+    let f: *const () = match name {
+        b"posix_memalign" => cached_posix_memalign as *const (),
+        b"aligned_alloc" => cached_aligned_alloc as *const (),
+        b"free" => cached_free as *const (),
+        b"realloc" => cached_realloc as *const (),
+        _ => return None,
+    };
+    Some(f as usize)
+}
+
+/// Points the GOT entries of the loaded library at `path` for the functions
+/// above at this module's. Returns how many entries now point here; 0 when
+/// the cache is off (`RTPU_HOST_CACHE_MAX_BYTES=0`), on other systems, or
+/// when the library imports none of them. Idempotent.
+pub fn install(path: &Path) -> usize {
+    if max_bytes() == 0 {
+        return 0;
+    }
+    got::patch(path, replacement)
+}
+
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+mod got {
+    //! Finding and rewriting a loaded library's GOT entries, from its
+    //! dynamic section in memory (`dl_iterate_phdr`).
+
+    use super::*;
+
+    const DT_NULL: i64 = 0;
+    const DT_PLTRELSZ: i64 = 2;
+    const DT_STRTAB: i64 = 5;
+    const DT_SYMTAB: i64 = 6;
+    const DT_RELA: i64 = 7;
+    const DT_RELASZ: i64 = 8;
+    const DT_JMPREL: i64 = 23;
+
+    #[cfg(target_arch = "x86_64")]
+    const SLOT_RELOCATIONS: [u32; 2] = [6, 7]; // R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT
+    #[cfg(target_arch = "aarch64")]
+    const SLOT_RELOCATIONS: [u32; 2] = [1025, 1026]; // R_AARCH64_GLOB_DAT, R_AARCH64_JUMP_SLOT
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    const SLOT_RELOCATIONS: [u32; 0] = [];
+
+    #[repr(C)]
+    struct Dyn {
+        tag: i64,
+        value: u64,
+    }
+
+    #[repr(C)]
+    struct Rela {
+        offset: u64,
+        info: u64,
+        addend: i64,
+    }
+
+    #[repr(C)]
+    struct Sym {
+        name: u32,
+        info: u8,
+        other: u8,
+        section: u16,
+        value: u64,
+        size: u64,
+    }
+
+    struct Search<'a> {
+        path: &'a Path,
+        replacement: fn(&[u8]) -> Option<usize>,
+        patched: usize,
+    }
+
+    pub(super) fn patch(path: &Path, replacement: fn(&[u8]) -> Option<usize>) -> usize {
+        let Ok(path) = path.canonicalize() else {
+            return 0;
+        };
+        let mut search = Search {
+            path: &path,
+            replacement,
+            patched: 0,
+        };
+        // SAFETY: the callback only reads the loader's structures for the
+        // duration of the call and gets `search` back as its data.
+        unsafe { libc::dl_iterate_phdr(Some(visit), (&mut search as *mut Search).cast()) };
+        search.patched
+    }
+
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: `data` is the `Search` passed to dl_iterate_phdr, `info`
+        // the loader's description of one loaded object.
+        let (search, info) = unsafe { (&mut *data.cast::<Search>(), &*info) };
+        if info.dlpi_name.is_null() {
+            return 0;
+        }
+        // SAFETY: the loader's NUL-terminated name of the object.
+        let name = unsafe { CStr::from_ptr(info.dlpi_name) };
+        // The loader names an object by the path it was opened with, and
+        // plugins are opened by their canonical path.
+        let same = std::str::from_utf8(name.to_bytes()).is_ok_and(|n| Path::new(n) == search.path);
+        if !same {
+            return 0;
+        }
+        // SAFETY: the object is loaded and stays loaded (plugins are never
+        // unloaded); its headers are the loader's.
+        search.patched = unsafe { patch_object(info, search.replacement) };
+        1
+    }
+
+    /// # Safety
+    /// `info` describes a loaded object that stays loaded.
+    unsafe fn patch_object(
+        info: &libc::dl_phdr_info,
+        replacement: fn(&[u8]) -> Option<usize>,
+    ) -> usize {
+        let base = info.dlpi_addr as usize;
+        // SAFETY: the loader's program headers for this object.
+        let headers = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum.into()) };
+        let segment = |kind| {
+            headers
+                .iter()
+                .find(|h| h.p_type == kind)
+                .map(|h| (base + h.p_vaddr as usize, h.p_memsz as usize))
+        };
+        let Some((dynamic, _)) = segment(libc::PT_DYNAMIC) else {
+            return 0;
+        };
+        let relro = segment(libc::PT_GNU_RELRO);
+        let (mut strtab, mut symtab) = (0usize, 0usize);
+        let mut tables = [(0usize, 0usize); 2]; // (address, bytes) of .rela.dyn, .rela.plt
+        let mut entry = dynamic as *const Dyn;
+        loop {
+            // SAFETY: the dynamic section is an array ended by DT_NULL.
+            let d = unsafe { &*entry };
+            // glibc rebases these entries in place on most systems; where it
+            // does not, they are offsets from the base.
+            let address = |v: u64| {
+                let v = v as usize;
+                if v < base {
+                    base + v
+                } else {
+                    v
+                }
+            };
+            match d.tag {
+                DT_NULL => break,
+                DT_STRTAB => strtab = address(d.value),
+                DT_SYMTAB => symtab = address(d.value),
+                DT_RELA => tables[0].0 = address(d.value),
+                DT_RELASZ => tables[0].1 = d.value as usize,
+                DT_JMPREL => tables[1].0 = address(d.value),
+                DT_PLTRELSZ => tables[1].1 = d.value as usize,
+                _ => {}
+            }
+            // SAFETY: not past DT_NULL yet.
+            entry = unsafe { entry.add(1) };
+        }
+        if strtab == 0 || symtab == 0 {
+            return 0;
+        }
+        let mut patched = 0;
+        for (table, bytes) in tables {
+            if table == 0 {
+                continue;
+            }
+            let count = bytes / std::mem::size_of::<Rela>();
+            // SAFETY: the loader's relocation table of `count` entries.
+            let relocations = unsafe { std::slice::from_raw_parts(table as *const Rela, count) };
+            for r in relocations {
+                if !SLOT_RELOCATIONS.contains(&((r.info & 0xffff_ffff) as u32)) {
+                    continue;
+                }
+                // SAFETY: a slot relocation's symbol index is into the dynamic
+                // symbol table, whose names are NUL-terminated in `strtab`.
+                let name = unsafe {
+                    let sym = &*(symtab as *const Sym).add((r.info >> 32) as usize);
+                    CStr::from_ptr((strtab + sym.name as usize) as *const _)
+                };
+                let Some(function) = replacement(name.to_bytes()) else {
+                    continue;
+                };
+                let slot = base + r.offset as usize;
+                // SAFETY: `slot` is this object's GOT entry for `name`.
+                if unsafe { write_slot(slot, function, relro) } {
+                    patched += 1;
+                }
+            }
+        }
+        patched
+    }
+
+    /// Writes `value` into the pointer-sized GOT entry at `slot`, lifting
+    /// the read-only protection of the RELRO segment around the write.
+    ///
+    /// # Safety
+    /// `slot` is a GOT entry of a loaded object.
+    unsafe fn write_slot(slot: usize, value: usize, relro: Option<(usize, usize)>) -> bool {
+        let entry = slot as *mut usize;
+        let read_only = relro.is_some_and(|(start, len)| slot >= start && slot < start + len);
+        if !read_only {
+            // SAFETY: a writable GOT entry; an aligned pointer store is atomic,
+            // so a thread calling through it sees the old or the new function.
+            unsafe { entry.write_volatile(value) };
+            return true;
+        }
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let start = (slot & !(page - 1)) as *mut c_void;
+        // SAFETY: `start` is the page holding the entry, mapped read-only by
+        // the loader; it is made writable only for the store.
+        unsafe {
+            if libc::mprotect(start, page, libc::PROT_READ | libc::PROT_WRITE) != 0 {
+                return false;
+            }
+            entry.write_volatile(value);
+            libc::mprotect(start, page, libc::PROT_READ);
+        }
+        true
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+mod got {
+    use super::*;
+
+    pub(super) fn patch(_path: &Path, _replacement: fn(&[u8]) -> Option<usize>) -> usize {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn glibc_block(size: usize) -> *mut c_void {
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: a valid alignment; the test frees the block.
+        assert_eq!(unsafe { libc::posix_memalign(&mut ptr, 64, size) }, 0);
+        ptr
+    }
+
+    #[test]
+    fn a_tracked_block_is_found_once() {
+        let ptr = glibc_block(MIN_CACHED_BYTES);
+        track(Block {
+            ptr,
+            size: MIN_CACHED_BYTES,
+            align: 64,
+        });
+        let block = untrack(ptr).expect("tracked");
+        assert_eq!((block.size, block.align), (MIN_CACHED_BYTES, 64));
+        assert!(untrack(ptr).is_none());
+        // SAFETY: allocated above, no longer tracked.
+        unsafe { libc::free(ptr) };
+    }
+
+    #[test]
+    fn null_is_never_tracked() {
+        let ptr = glibc_block(MIN_CACHED_BYTES);
+        track(Block {
+            ptr,
+            size: MIN_CACHED_BYTES,
+            align: 64,
+        });
+        // Empty slots hold null: free(NULL) must not take one for a block.
+        assert!(untrack(std::ptr::null_mut()).is_none());
+        assert!(untrack(ptr).is_some());
+        // SAFETY: allocated above, no longer tracked.
+        unsafe { libc::free(ptr) };
+    }
+
+    fn is_kept(ptr: *mut c_void) -> bool {
+        lock_kept().blocks.iter().any(|(b, _)| b.ptr == ptr)
+    }
+
+    #[test]
+    fn a_kept_block_no_request_claims_goes_back_after_the_window() {
+        let block = |size| Block {
+            ptr: glibc_block(size),
+            size,
+            align: 64,
+        };
+        let first = block(4096);
+        keep(first);
+        for _ in 0..KEPT_WINDOW {
+            keep(block(8192));
+        }
+        assert!(is_kept(first.ptr));
+        keep(block(8192));
+        assert!(!is_kept(first.ptr));
+        release();
+    }
+
+    #[test]
+    fn a_stale_entry_smaller_than_recorded_is_not_kept() {
+        // As if a tracked block had been freed behind the plugin's back and
+        // glibc had put a smaller allocation at its address.
+        let ptr = glibc_block(4096);
+        track(Block {
+            ptr,
+            size: 2 * MIN_CACHED_BYTES,
+            align: 64,
+        });
+        assert!(untrack(ptr).is_none());
+        // SAFETY: allocated above; the caller of `untrack` frees it.
+        unsafe { libc::free(ptr) };
+    }
+}
