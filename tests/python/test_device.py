@@ -53,6 +53,14 @@ def test_bad_device_index_is_a_clear_error():
     assert torch.tpu.current_device() == 0
 
 
+def last_line_of(script, **env):
+    """The last line `script` prints, run in a fresh Python with `env` added."""
+    done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, **env),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
 def test_rtpu_cpu_devices_sets_the_cpu_plugins_device_count():
     script = (
         "import torch, rtpu\n"
@@ -64,10 +72,7 @@ def test_rtpu_cpu_devices_sets_the_cpu_plugins_device_count():
     )
 
     def run(value):
-        done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, RTPU_CPU_DEVICES=value),
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip().splitlines()[-1]
+        return last_line_of(script, RTPU_CPU_DEVICES=value)
 
     assert run("2") == "2 [0.0, 2.0, 4.0]"
     assert run("6") == "6 [0.0, 2.0, 4.0]"
@@ -140,10 +145,7 @@ def test_rtpu_host_cache_max_bytes_caps_the_host_cache():
     )
 
     def kept_bytes(cap):
-        done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, RTPU_HOST_CACHE_MAX_BYTES=cap),
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        return int(done.stdout.strip().splitlines()[-1])
+        return int(last_line_of(script, RTPU_HOST_CACHE_MAX_BYTES=cap))
 
     assert kept_bytes("0") == 0  # off
     assert kept_bytes(str(5 << 20)) == 4 << 20  # room for one 4 MiB block
