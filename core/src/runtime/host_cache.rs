@@ -14,16 +14,17 @@
 //! changes allocator, and a plugin whose GOT holds none of them is left as is.
 //!
 //! Blocks of at least `MIN_CACHED_BYTES` are tracked while the plugin holds
-//! them; a freed one is kept (up to `RTPU_HOST_CACHE_MAX_BYTES`, default
+//! them, however many; a freed one is kept (up to `RTPU_HOST_CACHE_MAX_BYTES`, default
 //! 1 GiB, oldest given back first) and handed out again for a request of the
 //! same size; one that no request claims while 16 later ones are kept goes
 //! back too. `release` frees every kept block (`torch.tpu.empty_cache()`).
 //! Every block is a genuine glibc allocation, so one freed by another path
 //! stays valid memory; see `untrack`.
 
+use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void, CStr};
 use std::path::Path;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::metrics::{self, Metric};
@@ -31,9 +32,11 @@ use crate::metrics::{self, Metric};
 /// Smaller blocks are left to glibc, whose heaps already reuse them.
 const MIN_CACHED_BYTES: usize = 4 << 20;
 
-/// How many large blocks can be tracked at once. Beyond it a block is
-/// allocated and freed by glibc as if there were no cache.
-const TRACKED: usize = 64;
+/// `free` sorts pointers into this many buckets by their window of
+/// `MIN_CACHED_BYTES`. Two live tracked blocks, each at least that long,
+/// start in different windows; a bucket counts the live ones that start in
+/// its windows.
+const BUCKETS: usize = 4096;
 
 /// The environment variable capping the bytes kept; 0 turns the cache off.
 pub const MAX_BYTES_ENV: &str = "RTPU_HOST_CACHE_MAX_BYTES";
@@ -52,25 +55,29 @@ struct Block {
 // the address between threads is what `free` from another thread does.
 unsafe impl Send for Block {}
 
-/// The blocks the plugin holds now. `free` is called for every block the
-/// plugin frees, small ones included, so finding a pointer here is lock-free:
-/// a scan of `TRACKED` atomics, skipped while none is live.
+/// The large blocks the plugin holds now, by address. `free` is called for
+/// every block the plugin frees, small ones included, so it first reads the
+/// pointer's bucket count: zero (the usual case) means not one of them,
+/// without taking the lock.
 struct Live {
-    ptrs: [AtomicPtr<c_void>; TRACKED],
-    sizes: [AtomicUsize; TRACKED],
-    aligns: [AtomicUsize; TRACKED],
-    count: AtomicUsize,
+    blocks: Mutex<BTreeMap<usize, Block>>,
+    per_bucket: [AtomicU32; BUCKETS],
 }
 
-/// A slot being filled: never an address glibc returns.
-const CLAIMED: usize = 1;
-
 static LIVE: Live = Live {
-    ptrs: [const { AtomicPtr::new(std::ptr::null_mut()) }; TRACKED],
-    sizes: [const { AtomicUsize::new(0) }; TRACKED],
-    aligns: [const { AtomicUsize::new(0) }; TRACKED],
-    count: AtomicUsize::new(0),
+    blocks: Mutex::new(BTreeMap::new()),
+    per_bucket: [const { AtomicU32::new(0) }; BUCKETS],
 };
+
+fn bucket(ptr: *mut c_void) -> &'static AtomicU32 {
+    &LIVE.per_bucket[(ptr as usize / MIN_CACHED_BYTES) % BUCKETS]
+}
+
+fn lock<T>(mutex: &'static Mutex<T>) -> std::sync::MutexGuard<'static, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// A kept block goes back to glibc once this many other blocks were kept
 /// after it without one request claiming it: a training loop asks for the
@@ -102,15 +109,11 @@ fn max_bytes() -> usize {
     })
 }
 
-fn lock_kept() -> std::sync::MutexGuard<'static, Kept> {
-    KEPT.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// A block of `size` bytes aligned to `align` (a power of two, at least a
 /// pointer): a kept one of the same size and alignment, or a new one.
 fn take(size: usize, align: usize) -> *mut c_void {
     let reused = {
-        let mut kept = lock_kept();
+        let mut kept = lock(&KEPT);
         // The most recently freed matching block: its pages are the warmest.
         let found = kept
             .blocks
@@ -143,29 +146,9 @@ fn take(size: usize, align: usize) -> *mut c_void {
 }
 
 fn track(block: Block) {
-    // A slot is claimed before its size and alignment are written, so two
-    // threads tracking at once cannot mix their blocks' sizes.
-    let claimed = CLAIMED as *mut c_void;
-    for i in 0..TRACKED {
-        let slot = &LIVE.ptrs[i];
-        if slot
-            .compare_exchange(
-                std::ptr::null_mut(),
-                claimed,
-                Ordering::Acquire,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-        {
-            LIVE.sizes[i].store(block.size, Ordering::Relaxed);
-            LIVE.aligns[i].store(block.align, Ordering::Relaxed);
-            // Release: `untrack` reads the size once it sees the pointer.
-            slot.store(block.ptr, Ordering::Release);
-            LIVE.count.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-    }
-    // Every slot is taken: the block stays glibc's, freed as usual.
+    let mut live = lock(&LIVE.blocks);
+    live.insert(block.ptr as usize, block);
+    bucket(block.ptr).fetch_add(1, Ordering::Release);
 }
 
 /// The tracked block at `ptr`, no longer tracked; `None` when `ptr` is not
@@ -174,25 +157,11 @@ fn track(block: Block) {
 /// catches a reuse smaller than the entry, and a larger one is safe to keep
 /// as a block of the entry's size.
 fn untrack(ptr: *mut c_void) -> Option<Block> {
-    // An empty slot holds null, so `free(NULL)` must not look.
-    if ptr.is_null() || LIVE.count.load(Ordering::Relaxed) == 0 {
+    if ptr.is_null() || bucket(ptr).load(Ordering::Acquire) == 0 {
         return None;
     }
-    let i = (0..TRACKED).find(|&i| LIVE.ptrs[i].load(Ordering::Acquire) == ptr)?;
-    let block = Block {
-        ptr,
-        size: LIVE.sizes[i].load(Ordering::Relaxed),
-        align: LIVE.aligns[i].load(Ordering::Relaxed),
-    };
-    LIVE.ptrs[i]
-        .compare_exchange(
-            ptr,
-            std::ptr::null_mut(),
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        )
-        .ok()?;
-    LIVE.count.fetch_sub(1, Ordering::Relaxed);
+    let block = lock(&LIVE.blocks).remove(&(ptr as usize))?;
+    bucket(ptr).fetch_sub(1, Ordering::Release);
     // SAFETY: `ptr` is a live glibc allocation: the plugin is freeing it.
     let usable = unsafe { libc::malloc_usable_size(ptr) };
     (usable >= block.size).then_some(block)
@@ -209,7 +178,7 @@ fn keep(block: Block) {
     }
     let mut given_back = Vec::new();
     {
-        let mut kept = lock_kept();
+        let mut kept = lock(&KEPT);
         kept.kept += 1;
         let now = kept.kept;
         kept.blocks.push((block, now));
@@ -238,7 +207,7 @@ fn keep(block: Block) {
 /// Frees every kept block; returns the bytes given back.
 pub fn release() -> u64 {
     let blocks = {
-        let mut kept = lock_kept();
+        let mut kept = lock(&KEPT);
         kept.bytes = 0;
         std::mem::take(&mut kept.blocks)
     };
@@ -554,6 +523,25 @@ mod tests {
     }
 
     #[test]
+    fn hundreds_of_live_blocks_are_all_tracked() {
+        let blocks: Vec<Block> = (0..300)
+            .map(|_| Block {
+                ptr: glibc_block(4096),
+                size: 4096,
+                align: 64,
+            })
+            .collect();
+        for &block in &blocks {
+            track(block);
+        }
+        for block in blocks {
+            assert!(untrack(block.ptr).is_some());
+            // SAFETY: allocated above, no longer tracked.
+            unsafe { libc::free(block.ptr) };
+        }
+    }
+
+    #[test]
     fn null_is_never_tracked() {
         let ptr = glibc_block(MIN_CACHED_BYTES);
         track(Block {
@@ -561,7 +549,7 @@ mod tests {
             size: MIN_CACHED_BYTES,
             align: 64,
         });
-        // Empty slots hold null: free(NULL) must not take one for a block.
+        // free(NULL) is no block's, whatever shares its bucket.
         assert!(untrack(std::ptr::null_mut()).is_none());
         assert!(untrack(ptr).is_some());
         // SAFETY: allocated above, no longer tracked.
@@ -569,7 +557,7 @@ mod tests {
     }
 
     fn is_kept(ptr: *mut c_void) -> bool {
-        lock_kept().blocks.iter().any(|(b, _)| b.ptr == ptr)
+        lock(&KEPT).blocks.iter().any(|(b, _)| b.ptr == ptr)
     }
 
     #[test]
