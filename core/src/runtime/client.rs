@@ -159,8 +159,10 @@ impl Client {
         let client = Client {
             inner: Arc::new(inner),
         };
-        // On the CPU plugin device memory is the host's: cache its large blocks.
-        if client.platform_name()? == "cpu" {
+        // On the CPU plugin device memory is the host's: cache its large
+        // blocks. An optimisation only, so a plugin that cannot name its
+        // platform still gets its client.
+        if client.platform_name().is_ok_and(|name| name == "cpu") {
             host_cache::install(plugin.path());
         }
         Ok(client)

@@ -147,8 +147,10 @@ fn take(size: usize, align: usize) -> *mut c_void {
 
 fn track(block: Block) {
     let mut live = lock(&LIVE.blocks);
-    live.insert(block.ptr as usize, block);
-    bucket(block.ptr).fetch_add(1, Ordering::Release);
+    // An entry already there is stale (see `untrack`) and already counted.
+    if live.insert(block.ptr as usize, block).is_none() {
+        bucket(block.ptr).fetch_add(1, Ordering::Release);
+    }
 }
 
 /// The tracked block at `ptr`, no longer tracked; `None` when `ptr` is not
