@@ -401,10 +401,12 @@ pub enum CollectiveOp {
     AllToAll { dim: usize },
 }
 
-impl Node {
-    /// Calls `f` on every value the node reads, in a fixed order.
-    pub fn for_each_operand_mut(&mut self, mut f: impl FnMut(&mut ValueId)) {
-        match self {
+/// Matches every node kind's operand fields, calling `$f` on each in a
+/// fixed order: one list for the shared and the mutable visitor below
+/// (match ergonomics bind the fields by reference of `$node`'s kind).
+macro_rules! visit_operands {
+    ($node:expr, $f:ident) => {
+        match $node {
             Node::Param(_) | Node::Constant(_) | Node::Iota { .. } | Node::ReplicaId => {}
             Node::Unary(_, x)
             | Node::Convert(x)
@@ -418,7 +420,7 @@ impl Node {
             | Node::ReduceWindow { operand: x, .. }
             | Node::SortPayload { sort: x }
             | Node::RngBits { key: x }
-            | Node::Collective { operand: x, .. } => f(x),
+            | Node::Collective { operand: x, .. } => $f(x),
             Node::Binary(_, x, y)
             | Node::Compare(_, x, y)
             | Node::Dot { lhs: x, rhs: y, .. }
@@ -442,17 +444,17 @@ impl Node {
                 payload: y,
                 ..
             } => {
-                f(x);
-                f(y);
+                $f(x);
+                $f(y);
             }
             Node::Select {
                 pred,
                 on_true,
                 on_false,
             } => {
-                f(pred);
-                f(on_true);
-                f(on_false);
+                $f(pred);
+                $f(on_true);
+                $f(on_false);
             }
             Node::FlatScatter {
                 operand,
@@ -460,21 +462,38 @@ impl Node {
                 updates,
                 ..
             } => {
-                f(operand);
-                f(indices);
-                f(updates);
+                $f(operand);
+                $f(indices);
+                $f(updates);
             }
             Node::DynamicUpdateSlice {
                 operand,
                 update,
                 start,
             } => {
-                f(operand);
-                f(update);
-                f(start);
+                $f(operand);
+                $f(update);
+                $f(start);
             }
-            Node::Concat { operands, .. } => operands.iter_mut().for_each(f),
+            Node::Concat { operands, .. } => {
+                for x in operands {
+                    $f(x);
+                }
+            }
         }
+    };
+}
+
+impl Node {
+    /// Calls `f` on every value the node reads, in a fixed order.
+    pub fn for_each_operand_mut(&mut self, mut f: impl FnMut(&mut ValueId)) {
+        visit_operands!(self, f)
+    }
+
+    /// Calls `f` on every value the node reads, in the same order.
+    pub fn for_each_operand(&self, mut f: impl FnMut(ValueId)) {
+        let mut read = |v: &ValueId| f(*v);
+        visit_operands!(self, read)
     }
 }
 
@@ -531,8 +550,7 @@ impl Graph {
         }
         for id in (0..n).rev() {
             if live[id] {
-                let mut node = self.nodes[id].0.clone();
-                node.for_each_operand_mut(|v| live[*v] = true);
+                self.nodes[id].0.for_each_operand(|v| live[v] = true);
             }
         }
         let mut new_id = vec![usize::MAX; n];
@@ -587,7 +605,7 @@ impl Graph {
                     State::Unvisited => {
                         state[id] = State::OperandsPending;
                         let mut operands = Vec::new();
-                        self.nodes[id].0.for_each_operand_mut(|v| operands.push(*v));
+                        self.nodes[id].0.for_each_operand(|v| operands.push(v));
                         // Reversed, so the first operand is placed first. A
                         // pending operand would be a cycle: none is made.
                         let unvisited = operands

@@ -17,6 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
+use rustc_hash::{FxHashMap, FxHasher};
+
 use super::deferred::RecordedOp;
 use super::disk_cache::{env_count, DiskEntry};
 use super::location::location_text;
@@ -99,7 +101,7 @@ struct MemoryEntry {
 #[derive(Default)]
 struct MemoryCache {
     /// Graphs with the same key (a hash collision is an equality miss).
-    entries: HashMap<MemoryKey, Vec<MemoryEntry>>,
+    entries: FxHashMap<MemoryKey, Vec<MemoryEntry>>,
     len: usize,
     clock: u64,
 }
@@ -163,57 +165,12 @@ fn memory() -> MutexGuard<'static, MemoryCache> {
     super::global(&MEMORY)
 }
 
-/// The key of a graph in memory, computed on every op call: the multiply-
-/// rotate hash of rustc's FxHasher, several times cheaper than SipHash on
-/// a graph's many small integers. Not resistant to chosen collisions, and
-/// need not be: a collision is an equality miss, not a wrong program.
-#[derive(Default)]
-struct GraphHasher(u64);
-
-impl GraphHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for GraphHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            self.add(u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
-        }
-        let mut tail = [0u8; 8];
-        tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
-        self.add(u64::from_le_bytes(tail) ^ bytes.len() as u64);
-    }
-
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-
-    fn write_i64(&mut self, n: i64) {
-        self.add(n as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
+/// The key of a graph in memory, computed on every op call: rustc's
+/// FxHasher, several times cheaper than SipHash on a graph's many small
+/// integers. Not resistant to chosen collisions, and need not be: a
+/// collision is an equality miss, not a wrong program.
 fn structural_hash(graph: &Graph) -> u64 {
-    let mut hasher = GraphHasher::default();
+    let mut hasher = FxHasher::default();
     graph.hash(&mut hasher);
     hasher.finish()
 }

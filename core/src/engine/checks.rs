@@ -164,7 +164,7 @@ pub(super) fn read_kept_values(graph: &mut Graph, kept_on_failure: &[bool]) {
         if feeds_failed[id] {
             graph.nodes[id]
                 .0
-                .for_each_operand_mut(|v| feeds_failed[*v] = true);
+                .for_each_operand(|v| feeds_failed[v] = true);
         }
     }
     let selects: HashSet<ValueId> = selected_of.values().copied().collect();

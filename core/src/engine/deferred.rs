@@ -8,10 +8,11 @@
 //! alive become outputs, so intermediates freed during the step cost nothing,
 //! and the buffers of storages the graph overwrites are donated to it.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant;
+
+use rustc_hash::FxHashMap;
 
 use super::cache::{self, ReadAs, ReadFrom};
 use super::capture::RanGraph;
@@ -95,7 +96,7 @@ struct PendingGraph {
     /// ("float32[8, 32]"), for explanations.
     param_op: Vec<(usize, ReadAs)>,
     slots: Vec<Slot>,
-    slot_of: HashMap<usize, usize>,
+    slot_of: FxHashMap<usize, usize>,
     ops: Vec<RecordedOp>,
     /// The node count after each recorded op: op `i` made nodes
     /// `op_ends[i - 1]..op_ends[i]`.
@@ -114,12 +115,15 @@ fn storage_key(storage: &Arc<Storage>) -> usize {
     Arc::as_ptr(storage) as usize
 }
 
-/// The node count of the last graph that ran: a training loop records the
-/// same graph each step, so the next starts with room instead of regrowing.
+/// The node and storage counts of the last graph that ran: a training loop
+/// records the same graph each step, so the next starts with room instead
+/// of regrowing.
 static LAST_GRAPH_NODES: AtomicUsize = AtomicUsize::new(0);
+static LAST_GRAPH_SLOTS: AtomicUsize = AtomicUsize::new(0);
 
 impl PendingGraph {
     fn new(client: &Client, device_index: usize) -> PendingGraph {
+        let slots = LAST_GRAPH_SLOTS.load(Ordering::Relaxed);
         PendingGraph {
             client: client.clone(),
             device_index,
@@ -129,8 +133,8 @@ impl PendingGraph {
             },
             sources: Vec::new(),
             param_op: Vec::new(),
-            slots: Vec::new(),
-            slot_of: HashMap::new(),
+            slots: Vec::with_capacity(slots),
+            slot_of: FxHashMap::with_capacity_and_hasher(slots, Default::default()),
             ops: Vec::new(),
             op_ends: Vec::new(),
             checks: Vec::new(),
@@ -535,6 +539,7 @@ fn run(pg: PendingGraph, site: u32) -> Result<()> {
 
 fn run_graph(mut pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGraph>> {
     LAST_GRAPH_NODES.store(pg.graph.nodes.len(), Ordering::Relaxed);
+    LAST_GRAPH_SLOTS.store(pg.slots.len(), Ordering::Relaxed);
     // A captured graph takes an upstream flag (see `checks`) as its last
     // parameter, so its replays need not wait for earlier graphs' checks;
     // this run reads a false one. An SPMD program does not: its replays

@@ -1,8 +1,9 @@
 //! Eager execution: one op's graph runs as its own program now, and its
 //! results are installed; in deferred mode it is recorded instead.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{cache, deferred, launch};
 use crate::builder::{Builder, Mode, Output, ParamSource, PendingOutput};
@@ -207,8 +208,8 @@ type HostInputKey = (usize, usize, DType, Vec<i64>, Vec<u8>);
 /// first: the count of buffers kept stops growing once the cache is full.
 #[derive(Default)]
 struct HostInputs {
-    seen: HashSet<HostInputKey>,
-    buffers: HashMap<HostInputKey, (Arc<Buffer>, u64)>,
+    seen: FxHashSet<HostInputKey>,
+    buffers: FxHashMap<HostInputKey, (Arc<Buffer>, u64)>,
     uses: u64,
 }
 

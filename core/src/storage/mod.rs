@@ -6,9 +6,10 @@
 //! before that it reads as zeros. Views are `(offset, sizes, strides, dtype)`
 //! in elements, exactly as ATen keeps them.
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
+
+use rustc_hash::FxHashMap;
 
 use crate::dtype::DType;
 use crate::error::{Error, ErrorCode, Result};
@@ -112,7 +113,8 @@ struct StorageState {
 /// reports one, else the host's memory (a CPU device's memory is the
 /// host's). Asked once per device.
 pub fn device_capacity(client: &Client, device_index: usize) -> u64 {
-    static CAPACITIES: OnceLock<Mutex<HashMap<(usize, usize), u64>>> = OnceLock::new();
+    // Asked on every op (see `check_fits`): a fast hasher.
+    static CAPACITIES: OnceLock<Mutex<FxHashMap<(usize, usize), u64>>> = OnceLock::new();
     let capacities = CAPACITIES.get_or_init(Default::default);
     let key = (client.id(), device_index);
     if let Some(&known) = capacities
