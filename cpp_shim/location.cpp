@@ -27,6 +27,8 @@ struct PythonApi {
   void* (*frame_back)(void*);  // new reference
   void* (*frame_code)(void*);  // new reference
   int (*frame_line)(void*);
+  // Python 3.11+; NULL before: the line is then computed on every op.
+  int (*frame_lasti)(void*);
   void (*incref)(void*);
   void (*decref)(void*);
   void* (*get_attr)(void*, const char*);  // new reference
@@ -59,6 +61,7 @@ struct PythonApi {
         find(api.get_attr, "PyObject_GetAttrString") &&
         find(api.utf8, "PyUnicode_AsUTF8") &&
         find(api.clear_error, "PyErr_Clear");
+    find(api.frame_lasti, "PyFrame_GetLasti");
     return all ? &api : nullptr;
   }
 };
@@ -107,18 +110,25 @@ const CodeInfo& code_info(const PythonApi& api, void* code) {
   return cache->emplace(code, std::move(info)).first->second;
 }
 
-uint32_t location_id(const PythonApi& api, void* code, const CodeInfo& info, int line) {
+// The frame's location id, cached by code object and instruction offset:
+// a frame's line number is computed by walking its code's line table, which
+// costs more than the rest of an op's location.
+uint32_t location_id(const PythonApi& api, void* frame, void* code, const CodeInfo& info) {
   struct Hash {
     size_t operator()(const std::pair<void*, int>& key) const {
       return std::hash<void*>()(key.first) ^ (static_cast<size_t>(key.second) << 1);
     }
   };
+  // Keyed by offset where the API gives it, else by line (never both in
+  // one process, so the two kinds of key cannot collide).
   static auto* ids = new std::unordered_map<std::pair<void*, int>, uint32_t, Hash>();
-  const auto key = std::make_pair(code, line);
+  const int offset = api.frame_lasti != nullptr ? api.frame_lasti(frame) : api.frame_line(frame);
+  const auto key = std::make_pair(code, offset);
   auto found = ids->find(key);
   if (found != ids->end()) {
     return found->second;
   }
+  const int line = api.frame_lasti != nullptr ? api.frame_line(frame) : offset;
   const std::string text = info.where + ":" + std::to_string(line) + " in " +
       string_attr(api, code, "co_name");
   const uint32_t id = rtpu_location_intern(text.c_str());
@@ -149,7 +159,7 @@ uint32_t python_location() {
     void* code = api->frame_code(frame);
     const CodeInfo& info = code_info(*api, code);
     if (!info.internal) {
-      id = location_id(*api, code, info, api->frame_line(frame));
+      id = location_id(*api, frame, code, info);
       api->decref(code);
       break;
     }
