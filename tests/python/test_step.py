@@ -279,6 +279,22 @@ def test_a_step_overwriting_a_weight_reuses_its_memory():
     torch.testing.assert_close(w[:3].cpu(), torch.full((3,), 2.0))
 
 
+def test_a_whole_weight_is_updated_in_its_flat_shape(tmp_path, monkeypatch):
+    # A storage's value is flat. An update computed on the 2-D view and
+    # reshaped back ends in a reshape, and XLA copies its result into the
+    # donated buffer (once per weight per step); redone on the flat values,
+    # the update is elementwise to the end and XLA writes it in place.
+    monkeypatch.setenv("RTPU_DUMP_DIR", str(tmp_path))
+    w_cpu, g_cpu = torch.randn(7, 13), torch.randn(7, 13)
+    w, g = w_cpu.to(DEVICE), g_cpu.to(DEVICE)
+    with rtpu.step():
+        w.mul_(0.9).add_(g, alpha=-0.1).clamp_(-1.5, 1.5)
+    torch.testing.assert_close(w.cpu(), w_cpu.mul(0.9).add(g_cpu, alpha=-0.1).clamp(-1.5, 1.5))
+    (program,) = [path.read_text() for path in tmp_path.glob("*.mlir")]
+    assert "tf.aliasing_output" in program  # w's buffer is donated
+    assert "tensor<91xf32>" in program and "stablehlo.reshape" not in program, program
+
+
 def test_1000_steps_leave_device_memory_flat():
     torch.manual_seed(0)
     # 256 KiB weights: a buffer leaked per step would add 250 MiB.

@@ -290,7 +290,7 @@ impl<'a> Builder<'a> {
         }
         let numel = view.numel() as i64;
         let flat_value = if view.is_whole(t.storage.nbytes()) {
-            self.reshape(value, &[elements])?
+            self.flat_elementwise(value, elements, &mut Vec::new())?
         } else {
             let flat = self.flat_as(slot, view.dtype)?;
             if view.is_contiguous() {
@@ -324,6 +324,64 @@ impl<'a> Builder<'a> {
         self.slots[slot].flat = flat_value;
         self.slots[slot].written = true;
         Ok(())
+    }
+
+    /// `value` reshaped to the flat `[elements]` a whole storage holds. An
+    /// elementwise computation (an optimizer's update, `mul_`, `add_`) is
+    /// redone on flat operands instead, down to the storages' flat values
+    /// it read through reshapes: XLA writes a donated buffer in place only
+    /// when the last op is elementwise in the buffer's shape, and copies
+    /// the result of a reshape into it. `flat_of` memoizes what is
+    /// already redone, so a value read twice is redone once.
+    fn flat_elementwise(
+        &mut self,
+        value: ValueId,
+        elements: i64,
+        flat_of: &mut Vec<(ValueId, ValueId)>,
+    ) -> Result<ValueId> {
+        if let Some(&(_, flat)) = flat_of.iter().find(|(v, _)| *v == value) {
+            return Ok(flat);
+        }
+        let (node, ty) = self.graph.nodes[value].clone();
+        let flat_ty = TensorType::new(ty.dtype, &[elements]);
+        let flat = match node {
+            _ if ty.dims == [elements] => value,
+            Node::Reshape(x) if self.graph.ty(x).dims == [elements] => x,
+            // A literal or a scalar broadcast to any shape.
+            Node::Constant(_) => self.push(node, flat_ty),
+            Node::Broadcast { operand, .. } if self.graph.ty(operand).dims.is_empty() => {
+                self.broadcast_in_dim(operand, &[elements], &[])
+            }
+            Node::Unary(..)
+            | Node::Binary(..)
+            | Node::Compare(..)
+            | Node::Select { .. }
+            | Node::Convert(_)
+                if self.operands_shaped_as(&node, &ty.dims) =>
+            {
+                let mut operands = Vec::new();
+                node.for_each_operand(|v| operands.push(v));
+                let mut flat_operands = Vec::with_capacity(operands.len());
+                for v in operands {
+                    flat_operands.push(self.flat_elementwise(v, elements, flat_of)?);
+                }
+                let mut node = node;
+                let mut next = flat_operands.into_iter();
+                node.for_each_operand_mut(|v| *v = next.next().unwrap_or(*v));
+                self.push(node, flat_ty)
+            }
+            _ => self.reshape(value, &[elements])?,
+        };
+        flat_of.push((value, flat));
+        Ok(flat)
+    }
+
+    /// Whether every operand of `node` has `dims` (elementwise nodes may
+    /// also take a scalar, as `select` its predicate).
+    fn operands_shaped_as(&self, node: &Node, dims: &[i64]) -> bool {
+        let mut all = true;
+        node.for_each_operand(|v| all &= self.graph.ty(v).dims == dims);
+        all
     }
 
     /// Writes `value` into tensor argument `index` and returns it as an output.
