@@ -172,12 +172,14 @@ def run_rtpu_compile(name, steps, warmup):
     }
 
 
-def recording_cost(ops=2000):
+def recording_cost(ops=2000, rounds=5):
     """Host time per op of a chain of small elementwise ops: recorded in a
     step (Python call, dispatcher, shim and core) and the core's part of
     that; dispatched eagerly (each op its own launch, the device waited for
     at the end); and run by PyTorch on CPU tensors: Python's and the
-    dispatcher's own cost, which no device can go under."""
+    dispatcher's own cost, which no device can go under. Medians of
+    `rounds` rounds after a first that compiles: one round is a few
+    milliseconds, which another process on the machine can double."""
 
     def chain(y):
         for _ in range(ops // 2):
@@ -185,7 +187,9 @@ def recording_cost(ops=2000):
         return y
 
     x = torch.randn(64, device="tpu")
-    for _ in range(2):  # the second round is measured: nothing compiles
+    y = x.cpu()
+    measured = []
+    for i in range(rounds + 1):
         before = rtpu.metrics()
         start = time.perf_counter()
         with rtpu.step():
@@ -196,16 +200,21 @@ def recording_cost(ops=2000):
         chain(x)
         torch.tpu.synchronize()
         eager_s = time.perf_counter() - eager_start
-    y = x.cpu()
-    cpu_start = time.perf_counter()
-    chain(y)
-    cpu_s = time.perf_counter() - cpu_start
-    return {
-        "step_us": (recorded - start) / ops * 1e6,
-        "core_us": (after["record_ns"] - before["record_ns"]) / (after["ops_recorded"] - before["ops_recorded"]) / 1e3,
-        "eager_us": eager_s / ops * 1e6,
-        "cpu_us": cpu_s / ops * 1e6,
-    }
+        cpu_start = time.perf_counter()
+        chain(y)
+        cpu_s = time.perf_counter() - cpu_start
+        if i > 0:  # the first round compiles
+            measured.append(
+                {
+                    "step_us": (recorded - start) / ops * 1e6,
+                    "core_us": (after["record_ns"] - before["record_ns"])
+                    / (after["ops_recorded"] - before["ops_recorded"])
+                    / 1e3,
+                    "eager_us": eager_s / ops * 1e6,
+                    "cpu_us": cpu_s / ops * 1e6,
+                }
+            )
+    return {key: statistics.median(m[key] for m in measured) for key in measured[0]}
 
 
 def run_other(python, script, name, steps, warmup, env=None, extra_args=()):
