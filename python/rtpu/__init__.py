@@ -155,11 +155,12 @@ class step:
 
     def __enter__(self) -> "step":
         self._was_deferred = torch.ops.rtpu.is_deferred()
+        torch.ops.rtpu.set_deferred(True)
         # The block's backward runs on this thread, not on autograd's thread
         # for the device: its ops only record, and handing the backward to
         # that thread and back cost a fifth of a small model's recording.
+        # Set once nothing above can raise, as __exit__ then restores it.
         self._backward_threads = torch.autograd.set_multithreading_enabled(False)
-        torch.ops.rtpu.set_deferred(True)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
