@@ -8,9 +8,10 @@
 //! marker holds the launches not yet finished when it was made; ops still
 //! pending in deferred mode are not launched yet, so no marker covers them.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
+
+use rustc_hash::FxHashMap;
 
 use crate::error::Result;
 use crate::runtime::{Buffer, Client, Event};
@@ -41,7 +42,7 @@ impl Launch {
 }
 
 /// Launches not known to be finished, per (client id, device index).
-type InFlight = HashMap<(usize, usize), Vec<Arc<Launch>>>;
+type InFlight = FxHashMap<(usize, usize), Vec<Arc<Launch>>>;
 
 fn in_flight() -> MutexGuard<'static, InFlight> {
     static IN_FLIGHT: OnceLock<Mutex<InFlight>> = OnceLock::new();
