@@ -7,7 +7,9 @@
 #include "rtpu_torch.h"
 
 #include <c10/core/Allocator.h>
+#include <c10/core/AutogradState.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <unistd.h>
 
@@ -127,7 +129,25 @@ void delete_storage(void* context) {
   rtpu_storage_release(storage);
 }
 
+// Autograd hands the backward of a device's tensors to a thread of its own
+// and waits for it. rtpu's ops only launch programs (or record them in a
+// step), so the hand-off is pure cost: on a small model it was most of a
+// compiled step's host time. A thread's first tpu storage made outside a
+// backward pass therefore turns autograd's multithreading off for that
+// thread, once: threads that never touch a tpu tensor keep PyTorch's
+// default, and a later `torch.autograd.set_multithreading_enabled(True)` on
+// this thread stands. Inside a backward pass (on autograd's own thread) the
+// setting in force is the pass's, which must not change halfway.
+void run_backward_on_this_thread() {
+  thread_local bool done = false;
+  if (!done && torch::autograd::get_current_graph_task_id() == -1) {
+    done = true;
+    c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
+  }
+}
+
 c10::DataPtr make_data_ptr(rtpu_storage* owned) {
+  run_backward_on_this_thread();
   const auto device = device_of(owned);
   Stats::get().allocated(device, rtpu_storage_nbytes(owned));
   return c10::DataPtr(

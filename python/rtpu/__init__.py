@@ -151,16 +151,10 @@ class step:
     def __init__(self) -> None:
         self._site = _caller_line(1)
         self._was_deferred = False
-        self._backward_threads: torch.autograd.set_multithreading_enabled | None = None
 
     def __enter__(self) -> "step":
         self._was_deferred = torch.ops.rtpu.is_deferred()
         torch.ops.rtpu.set_deferred(True)
-        # The block's backward runs on this thread, not on autograd's thread
-        # for the device: its ops only record, and handing the backward to
-        # that thread and back cost a fifth of a small model's recording.
-        # Set once nothing above can raise, as __exit__ then restores it.
-        self._backward_threads = torch.autograd.set_multithreading_enabled(False)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -171,7 +165,6 @@ class step:
                 raise
             # The block's own exception is the one to see.
         finally:
-            self._backward_threads.__exit__(None, None, None)
             if not self._was_deferred:
                 torch.ops.rtpu.set_deferred(False)
 

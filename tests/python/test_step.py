@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import threading
 import traceback
 
 import pytest
@@ -278,25 +277,6 @@ def test_a_step_overwriting_a_weight_reuses_its_memory():
     # Measured here with donation: ~1 MiB; without it: 64 MiB.
     assert growth < 16 * MIB, f"the step's peak memory grew by {growth / MIB:.1f} MiB"
     torch.testing.assert_close(w[:3].cpu(), torch.full((3,), 2.0))
-
-
-def test_a_steps_backward_runs_on_the_calling_thread():
-    # Autograd hands a device's backward to a thread of its own and waits
-    # for it; a step's backward only records, so it runs here instead, and
-    # the setting is the caller's again after the block.
-    w = torch.randn(3, device=DEVICE, requires_grad=True)
-    threads = []
-    w.register_hook(lambda grad: threads.append(threading.get_ident()))
-    with rtpu.step():
-        (w * 2).sum().backward()
-    assert threads == [threading.get_ident()]
-    assert torch._C._is_multithreading_enabled()
-    with pytest.raises(ValueError), rtpu.step():
-        raise ValueError("the block failed")
-    assert torch._C._is_multithreading_enabled()
-    torch.testing.assert_close(w.grad.cpu(), torch.full((3,), 2.0))
-    (w * 3).sum().backward()  # outside a step: autograd's own thread
-    assert len(threads) == 2 and threads[1] != threading.get_ident()
 
 
 def test_a_whole_weight_is_updated_in_its_flat_shape(tmp_path, monkeypatch):

@@ -6,6 +6,8 @@ import threading
 import pytest
 import torch
 
+import rtpu
+
 from test_models import assert_loss_goes_down
 
 DEVICE = "tpu"
@@ -90,3 +92,46 @@ def test_ops_from_two_threads_give_correct_results():
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_backward_runs_on_the_thread_that_uses_tpu():
+    # Autograd hands a device's backward to a thread of its own; rtpu turns
+    # that off for each thread that makes a tpu tensor, once. A thread that
+    # never does keeps PyTorch's default, and turning it back on stands.
+    seen = {}
+
+    def backward_thread(x):
+        threads = []
+        x.register_hook(lambda grad: threads.append(threading.get_ident()))
+        (x * 2).sum().backward()
+        torch.testing.assert_close(x.grad.cpu(), torch.full((3,), 2.0))
+        return threads[0]
+
+    def work():
+        me = threading.get_ident()
+        cpu = torch.randn(3, requires_grad=True)
+        seen["cpu only"] = torch._C._is_multithreading_enabled()
+        seen["cpu backward here"] = backward_thread(cpu) == me
+        w = torch.randn(3, device=DEVICE, requires_grad=True)
+        seen["after a tpu tensor"] = torch._C._is_multithreading_enabled()
+        seen["tpu backward here"] = backward_thread(w) == me
+        w.grad = None
+        with rtpu.step():
+            seen["tpu step backward here"] = backward_thread(w) == me
+        torch.autograd.set_multithreading_enabled(True)
+        w.grad = None
+        seen["turned back on, autograd's thread"] = backward_thread(w) != me
+        seen["still on"] = torch._C._is_multithreading_enabled()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=60)
+    assert seen == {
+        "cpu only": True,
+        "cpu backward here": True,
+        "after a tpu tensor": False,
+        "tpu backward here": True,
+        "tpu step backward here": True,
+        "turned back on, autograd's thread": True,
+        "still on": True,
+    }
