@@ -1,7 +1,7 @@
 //! Device buffers: host transfers, device-to-device copies, metadata.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::runtime::sys::{self, Args, PJRT_Buffer};
 
@@ -15,6 +15,10 @@ use crate::metrics::{self, Metric};
 pub struct Buffer {
     pub(crate) client: Arc<ClientInner>,
     pub(crate) raw: *mut PJRT_Buffer,
+    /// The element type and dimensions, asked of PJRT on first use: they
+    /// never change, and each launch checks its arguments' against the
+    /// program's (two PJRT calls per argument, a few percent of an eager op).
+    shape: OnceLock<(DType, Vec<i64>)>,
 }
 
 // SAFETY: PJRT buffers are thread-safe handles.
@@ -27,7 +31,11 @@ impl Buffer {
     pub(crate) fn from_raw(client: Arc<ClientInner>, raw: *mut PJRT_Buffer) -> Buffer {
         // A leak shows as a count that grows.
         metrics::add(Metric::LiveBuffers, 1);
-        Buffer { client, raw }
+        Buffer {
+            client,
+            raw,
+            shape: OnceLock::new(),
+        }
     }
 }
 
@@ -137,23 +145,32 @@ impl Client {
 
 impl Buffer {
     pub fn dtype(&self) -> Result<DType> {
-        let mut args = sys::PJRT_Buffer_ElementType_Args::new();
-        args.buffer = self.raw;
-        // SAFETY: live buffer.
-        unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_ElementType, &mut args) }?;
-        dtype_of(args.type_)
+        Ok(self.shape()?.0)
     }
 
     pub fn dims(&self) -> Result<Vec<i64>> {
-        let mut args = sys::PJRT_Buffer_Dimensions_Args::new();
-        args.buffer = self.raw;
-        // SAFETY: live buffer.
-        unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_Dimensions, &mut args) }?;
-        if args.num_dims == 0 {
-            return Ok(Vec::new());
+        Ok(self.shape()?.1.clone())
+    }
+
+    pub(crate) fn shape(&self) -> Result<&(DType, Vec<i64>)> {
+        if let Some(shape) = self.shape.get() {
+            return Ok(shape);
         }
-        // SAFETY: PJRT returns `num_dims` dims owned by the buffer.
-        Ok(unsafe { std::slice::from_raw_parts(args.dims, args.num_dims) }.to_vec())
+        let mut type_args = sys::PJRT_Buffer_ElementType_Args::new();
+        type_args.buffer = self.raw;
+        // SAFETY: live buffer.
+        unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_ElementType, &mut type_args) }?;
+        let dtype = dtype_of(type_args.type_)?;
+        let mut dims_args = sys::PJRT_Buffer_Dimensions_Args::new();
+        dims_args.buffer = self.raw;
+        // SAFETY: live buffer.
+        unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_Dimensions, &mut dims_args) }?;
+        let dims = match dims_args.num_dims {
+            0 => Vec::new(),
+            // SAFETY: PJRT returns `num_dims` dims owned by the buffer.
+            n => unsafe { std::slice::from_raw_parts(dims_args.dims, n) }.to_vec(),
+        };
+        Ok(self.shape.get_or_init(|| (dtype, dims)))
     }
 
     /// Bytes the buffer occupies on its device (may exceed the dense host size).
@@ -173,7 +190,8 @@ impl Buffer {
 
     /// Bytes of the dense row-major host copy.
     pub fn host_size(&self) -> Result<usize> {
-        Ok(element_count(&self.dims()?)? * self.dtype()?.size_in_bytes())
+        let (dtype, dims) = self.shape()?;
+        Ok(element_count(dims)? * dtype.size_in_bytes())
     }
 
     pub fn device(&self) -> Result<Device> {

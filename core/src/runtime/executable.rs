@@ -503,8 +503,8 @@ impl LoadedExecutable {
             ));
         }
         for (i, (buffer, parameter)) in args.iter().zip(parameters).enumerate() {
-            let (dtype, dims) = (buffer.dtype()?, buffer.dims()?);
-            if dtype != parameter.dtype || dims != parameter.dims {
+            let (dtype, dims) = buffer.shape()?;
+            if *dtype != parameter.dtype || *dims != parameter.dims {
                 return Err(Error::invalid(
                     format!("argument {i} for device {device}"),
                     format!("{}{:?}", parameter.dtype, parameter.dims),
