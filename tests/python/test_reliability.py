@@ -115,6 +115,17 @@ def test_the_disk_cache_is_private_and_its_entries_checked(tmp_path):
     assert "corrupt" not in stderr and (third["compiled"], third["disk_hits"]) == (0, len(entries))
 
 
+def test_the_disk_cache_misses_under_other_xla_flags(tmp_path):
+    # XLA_FLAGS change what XLA compiles (fast math, ISA, passes): an entry
+    # compiled under other flags is not the program these flags ask for.
+    cache = tmp_path / "cache"
+    plain, _ = run_cache_script(cache, XLA_FLAGS="")
+    flagged, _ = run_cache_script(cache, XLA_FLAGS="--xla_cpu_enable_fast_math=false")
+    assert flagged["compiled"] == plain["compiled"] > 0 and flagged["disk_hits"] == 0
+    again, _ = run_cache_script(cache, XLA_FLAGS="--xla_cpu_enable_fast_math=false")
+    assert (again["compiled"], again["disk_hits"]) == (0, plain["compiled"])
+
+
 def test_the_disk_cache_keeps_to_its_size_cap(tmp_path):
     cache = tmp_path / "cache"
     uncapped, _ = run_cache_script(cache)

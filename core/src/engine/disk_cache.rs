@@ -3,7 +3,7 @@
 //!
 //! An entry, `<key>.xla`, is named by a hash of everything its executable
 //! depends on (rtpu's version, the plugin and its build, the compile
-//! options, the program text) and holds a magic, a checksum, the program
+//! options, `XLA_FLAGS`, the program text) and holds a magic, a checksum, the program
 //! text and the serialized executable. The checksum and the text are checked
 //! before a byte reaches the plugin: corrupted machine code would be run.
 //! A bad entry warns, is recompiled and rewritten.
@@ -21,7 +21,7 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 
 use crate::runtime::{Client, CompileOptions, LoadedExecutable};
@@ -121,15 +121,24 @@ fn usable_dir() -> Option<PathBuf> {
 }
 
 /// Everything an entry's name is derived from: an executable is reused only
-/// when all of it matches (a new rtpu, plugin, plugin build or compile
-/// option must miss, not load a stale executable).
+/// when all of it matches (a new rtpu, plugin, plugin build, compile option
+/// or XLA flag must miss, not load a stale executable).
 #[derive(Hash)]
 struct DiskKey<'a> {
     rtpu_version: &'a str,
     plugin: &'a Path,
     platform_version: &'a str,
     options: &'a CompileOptions,
+    xla_flags: &'a str,
     text: &'a str,
+}
+
+/// `XLA_FLAGS` as the plugin compiles under it: XLA reads the variable once,
+/// when it first needs its options, so a later change in this process
+/// changes neither. Unset is the same as empty.
+fn xla_flags() -> &'static str {
+    static FLAGS: OnceLock<String> = OnceLock::new();
+    FLAGS.get_or_init(|| std::env::var("XLA_FLAGS").unwrap_or_default())
 }
 
 /// 128 bits from two seeded 64-bit hashes (SipHash) of `value`: a
@@ -168,6 +177,7 @@ impl DiskEntry {
             plugin: client.plugin().path(),
             platform_version: &platform_version,
             options,
+            xla_flags: xla_flags(),
             text,
         };
         Some(DiskEntry {
@@ -354,6 +364,7 @@ mod tests {
             plugin: Path::new("/plugins/xla_cpu_pjrt.so"),
             platform_version: "cpu 0.81",
             options: &options,
+            xla_flags: "",
             text: "module @m {}",
         };
         let variants = [
@@ -371,6 +382,10 @@ mod tests {
             },
             DiskKey {
                 options: &spmd,
+                ..base
+            },
+            DiskKey {
+                xla_flags: "--xla_cpu_enable_fast_math=true",
                 ..base
             },
             DiskKey {
