@@ -3,9 +3,10 @@
 //!
 //! An entry, `<key>.xla`, is named by a hash of everything its executable
 //! depends on (rtpu's version, the plugin and its build, the compile
-//! options, `XLA_FLAGS`, the program text) and holds a magic, a checksum, the program
-//! text and the serialized executable. The checksum and the text are checked
-//! before a byte reaches the plugin: corrupted machine code would be run.
+//! options, `XLA_FLAGS`, the program text) and holds a magic, a checksum,
+//! the program text and the serialized executable. The checksum and the
+//! text are checked before a byte reaches the plugin: corrupted machine
+//! code would be run.
 //! A bad entry warns, is recompiled and rewritten.
 //!
 //! Whoever can write the directory can run code in this process, so it is
