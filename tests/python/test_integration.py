@@ -3,10 +3,9 @@
 optimizer made before the move trains the moved model), and checkpoints
 load onto tpu by every path safetensors, transformers and torch.load offer.
 
-Loss tolerances: a tied model and a 2-layer GPT-2 follow CPU to float32
-rounding; the largest relative difference of a loss from CPU's over 5 fresh
-seeds and 6 AdamW steps was 2.4e-7, so 2e-6 (8x) is allowed; with bf16
-autocast, 2e-3 (bfloat16 matmuls round differently on CPU and XLA).
+Loss tolerances (LOSS_RTOL, BF16_LOSS_RTOL below): a tied model and a
+2-layer GPT-2 follow CPU to float32 rounding; with bf16 autocast, to
+bfloat16's (its matmuls round differently on CPU and XLA).
 Generation is checked token for token against CPU, with the programs it
 compiles or loads counted."""
 
@@ -23,6 +22,10 @@ import rtpu
 # 6.7e-6 (Adam's normalized update turns a rounding difference in a near-zero
 # gradient into a full step). An untied head or a wrong op is off by > 1e-3.
 LOSS_RTOL = 2e-5
+# Under bfloat16 autocast, XLA and CPU round matmuls differently (bf16 keeps
+# 8 bits: a rounding is up to 3.9e-3 relative). Most seeds stay under 2e-3
+# after 8 steps, but seed 17664843100746576827 reaches 3.2e-3 at step 5.
+BF16_LOSS_RTOL = 5e-3
 STEPS = 6
 
 
@@ -364,8 +367,7 @@ def test_a_trainer_with_bf16_checkpointing_fused_adamw_and_resume_trains_as_on_c
     assert not {op for op in fallbacks if "adam" in op}, fallbacks
     assert len(losses) == steps and model.lm_head.weight is model.transformer.wte.weight
     assert model.lm_head.weight.is_tpu and resumed_model.lm_head.weight.is_tpu
-    # bfloat16 matmuls: CPU and XLA round differently.
-    torch.testing.assert_close(losses, expected, rtol=2e-3, atol=0)
+    torch.testing.assert_close(losses, expected, rtol=BF16_LOSS_RTOL, atol=0)
     # The resumed run logs the steps after the checkpoint only.
     torch.testing.assert_close(resumed[-(steps - every):], losses[every:], rtol=2e-3, atol=0)
 
