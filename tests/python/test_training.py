@@ -123,7 +123,7 @@ def test_backward_runs_on_the_thread_that_uses_tpu():
         seen["turned back on, autograd's thread"] = backward_thread(w) != me
         seen["still on"] = torch._C._is_multithreading_enabled()
 
-    thread = threading.Thread(target=work)
+    thread = threading.Thread(target=work, daemon=True)  # a hang fails, not blocks, the run
     thread.start()
     thread.join(timeout=60)
     assert seen == {
