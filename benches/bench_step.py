@@ -39,6 +39,7 @@ os.environ.setdefault("RTPU_CACHE_DIR", tempfile.mkdtemp(prefix="rtpu-bench-cach
 import torch  # noqa: E402
 
 import rtpu  # noqa: E402
+from rtpu import _plugin  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "examples"))
@@ -357,6 +358,9 @@ def main():
         f"a chain of small ops: {chain['step_us']:.2f} us/op recorded in a step ({chain['core_us']:.2f} in rtpu's "
         f"core), {chain['eager_us']:.2f} us/op eagerly; the same ops on CPU eager: {chain['cpu_us']:.2f} us/op"
     )
+    # JAX and torch_xla on their own XLA run with the XLA_FLAGS this run was
+    # given, not those rtpu adds for its plugin.
+    own_xla_env = _plugin.user_environment()
     all_results = {}
     for name in args.models.split(","):
         results = {
@@ -365,10 +369,13 @@ def main():
         results["cpu eager"] = run_cpu(name, args.steps, args.warmup)
         results["cpu aot_eager"] = run_cpu(name, args.steps, args.warmup, backend="aot_eager")
         if args.jax_python:
-            results["jax jit"] = run_other(args.jax_python, "jax_models.py", name, args.steps, args.warmup)
+            results["jax jit"] = run_other(
+                args.jax_python, "jax_models.py", name, args.steps, args.warmup, env=own_xla_env
+            )
             # The same JAX program on the XLA CPU plugin rtpu runs on (a
-            # different XLA build from jaxlib's own CPU client): separates
-            # rtpu's costs from the plugin's.
+            # different XLA build from jaxlib's own CPU client), with the
+            # XLA_FLAGS rtpu gives it: separates rtpu's costs from the
+            # plugin's.
             results["jax (plugin)"] = run_other(
                 args.jax_python,
                 "jax_models.py",
@@ -383,11 +390,17 @@ def main():
             )
         if args.torch_xla_python:
             results["torch_xla"] = run_other(
-                args.torch_xla_python, "torch_xla_models.py", name, args.steps, args.warmup
+                args.torch_xla_python, "torch_xla_models.py", name, args.steps, args.warmup, env=own_xla_env
             )
             # torch_xla's own torch.compile backend: compile mode's peer.
             results["torch_xla dynamo"] = run_other(
-                args.torch_xla_python, "torch_xla_models.py", name, args.steps, args.warmup, extra_args=["--compile"]
+                args.torch_xla_python,
+                "torch_xla_models.py",
+                name,
+                args.steps,
+                args.warmup,
+                env=own_xla_env,
+                extra_args=["--compile"],
             )
         print_table(name, results, args.steps)
         all_results[name] = results

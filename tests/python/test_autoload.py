@@ -87,3 +87,33 @@ def test_pjrt_device_naming_a_missing_plugin_says_how_to_install_it(monkeypatch)
     monkeypatch.setenv("PJRT_DEVICE", kind)
     with pytest.warns(UserWarning, match=rf"PJRT_DEVICE={kind} but its plugin is not installed \({plugin.PLUGINS[kind][2]}\)"):
         assert plugin.resolve() is None
+
+
+def test_the_default_cpu_plugin_gets_its_isa_capped_only_on_bf16_hosts():
+    import rtpu._plugin as plugin
+
+    default = "/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
+    bf16_host = {"avx512f", "avx512_vnni", "avx512_bf16"}
+    assert plugin.xla_flags_for(default, "", bf16_host) == plugin.DOT_ISA_CAP
+    kept = plugin.xla_flags_for(default, "--xla_cpu_enable_fast_math=false", bf16_host)
+    assert kept == f"--xla_cpu_enable_fast_math=false {plugin.DOT_ISA_CAP}"
+    # The user's own ISA choice wins; other hosts and plugins are left alone.
+    assert plugin.xla_flags_for(default, "--xla_cpu_max_isa=AVX2", bf16_host) == "--xla_cpu_max_isa=AVX2"
+    assert plugin.xla_flags_for(default, "", {"avx512f", "avx2"}) == ""
+    assert plugin.xla_flags_for("/x/pjrt_c_api_cpu_plugin.so", "", bf16_host) == ""
+
+
+def test_a_child_process_sees_the_flags_rtpu_chose_and_keeps_the_users():
+    import rtpu._plugin as plugin
+
+    code = "import os, torch\nprint(os.environ.get('XLA_FLAGS', ''))\nprint(torch.ones(2, device='tpu').sum().item())\n"
+    expected = plugin.xla_flags_for(os.environ["RTPU_PLUGIN"], "", plugin.cpu_flags())
+    default = run(code, unset=("XLA_FLAGS",))
+    assert default.returncode == 0, default.stderr
+    assert default.stdout.splitlines() == [expected, "2.0"]
+    chosen = run(code, XLA_FLAGS="--xla_cpu_max_isa=AVX2")
+    assert chosen.returncode == 0, chosen.stderr
+    assert chosen.stdout.splitlines() == ["--xla_cpu_max_isa=AVX2", "2.0"]
+    kept = run(code, unset=("XLA_FLAGS",), RTPU_CPU_ISA_CAP="0")
+    assert kept.returncode == 0, kept.stderr
+    assert kept.stdout.splitlines() == ["", "2.0"]
