@@ -89,7 +89,7 @@ def test_pjrt_device_naming_a_missing_plugin_says_how_to_install_it(monkeypatch)
         assert plugin.resolve() is None
 
 
-def test_the_default_cpu_plugin_gets_its_isa_capped_only_on_bf16_hosts():
+def test_the_default_cpu_plugin_gets_its_isa_capped_only_on_bf16_hosts_without_amx():
     import rtpu._plugin as plugin
 
     default = "/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
@@ -100,6 +100,7 @@ def test_the_default_cpu_plugin_gets_its_isa_capped_only_on_bf16_hosts():
     # The user's own ISA choice wins; other hosts and plugins are left alone.
     assert plugin.xla_flags_for(default, "--xla_cpu_max_isa=AVX2", bf16_host) == "--xla_cpu_max_isa=AVX2"
     assert plugin.xla_flags_for(default, "", {"avx512f", "avx2"}) == ""
+    assert plugin.xla_flags_for(default, "", bf16_host | {"amx_tile", "amx_bf16"}) == ""
     assert plugin.xla_flags_for("/x/pjrt_c_api_cpu_plugin.so", "", bf16_host) == ""
 
 
