@@ -261,6 +261,9 @@ pub enum Node {
         dims: Vec<i64>,
     },
     Reshape(ValueId),
+    /// `stablehlo.optimization_barrier`: the value as is, which XLA may not
+    /// rewrite together with what computes or reads it.
+    OptimizationBarrier(ValueId),
     Transpose {
         operand: ValueId,
         perm: Vec<i64>,
@@ -412,6 +415,7 @@ macro_rules! visit_operands {
             | Node::Convert(x)
             | Node::BitcastConvert(x)
             | Node::Reshape(x)
+            | Node::OptimizationBarrier(x)
             | Node::Broadcast { operand: x, .. }
             | Node::Transpose { operand: x, .. }
             | Node::Slice { operand: x, .. }

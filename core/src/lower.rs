@@ -362,6 +362,7 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
             ty,
         ),
         Node::Reshape(x) => op(out, graph, id, "stablehlo.reshape", &[*x], "", ty),
+        Node::OptimizationBarrier(x) => op(out, graph, id, "stablehlo.optimization_barrier", &[*x], "", ty),
         Node::Transpose { operand, perm } => {
             op(out, graph, id, "stablehlo.transpose", &[*operand], &format!("permutation = {}", i64_array(perm)), ty)
         }

@@ -223,6 +223,26 @@ def test_matmuls(dtype):
     assert_same(got, want)
 
 
+def test_a_linear_layer_puts_its_larger_operand_first(tmp_path, monkeypatch):
+    # x @ W.T with W the larger: XLA's CPU plugin packs the dot's right
+    # operand, slowly when it contracts its minor dim, so rtpu computes
+    # (W @ x.T).T, with a barrier that keeps XLA from folding it back.
+    monkeypatch.setenv("RTPU_DUMP_DIR", str(tmp_path))
+    # (Shapes no other test uses: a program is dumped when it compiles.)
+    x, w, bias = rand(3, 7), rand(11, 7), rand(11)
+    got, want = on_both(torch.nn.functional.linear, x, w, bias)
+    assert_same(got, want)
+    (program,) = [p.read_text() for p in tmp_path.glob("*.mlir") if "dot_general" in p.read_text()]
+    assert "stablehlo.optimization_barrier" in program and "-> tensor<11x3xf32>" in program, program
+    # With x the larger, the dot already packs the smaller operand.
+    for p in tmp_path.glob("*.mlir"):
+        p.unlink()
+    got, want = on_both(torch.nn.functional.linear, rand(19, 7), w, bias)
+    assert_same(got, want)
+    (program,) = [p.read_text() for p in tmp_path.glob("*.mlir") if "dot_general" in p.read_text()]
+    assert "stablehlo.optimization_barrier" not in program, program
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_softmax_and_losses(dtype):
     x = rand(8, 10, dtype=dtype)
