@@ -428,7 +428,10 @@ impl<'a> Builder<'a> {
     /// operand, and `xla-cpu-pjrt` packs one read that way slowly, so the
     /// larger operand goes on the left: a 128x1024 by (1024x1024).T product
     /// took 2.3 ms with the transpose back instead of 4.0 there, and the
-    /// same 1.9 on a newer CPU plugin. Other platforms are left as built.
+    /// same 1.9 on a newer CPU plugin. The packing is paid once for all the
+    /// left operand's rows: with 256-512 rows the swap still won (1.2-1.4x),
+    /// at 768 it tied, at 1024 it lost (0.7-0.9x), so it stops at
+    /// `MAX_ROWS_TO_SWAP`. Other platforms are left as built.
     fn larger_operand_goes_first(
         &self,
         lhs: ValueId,
@@ -440,11 +443,13 @@ impl<'a> Builder<'a> {
             let transposed = matches!(&self.graph.nodes[v].0, Node::Transpose { perm, .. } if perm[..] == [1, 0]);
             (dim == 1) != transposed
         };
+        const MAX_ROWS_TO_SWAP: i64 = 512;
         let (l, r) = (self.ty(lhs), self.ty(rhs));
         batch.is_empty()
             && l.dims.len() == 2
             && r.dims.len() == 2
             && contract.0.len() == 1
+            && l.dims[1 - contract.0[0] as usize] <= MAX_ROWS_TO_SWAP
             && reads_minor_dim(lhs, contract.0[0])
             && reads_minor_dim(rhs, contract.1[0])
             && r.dims.iter().product::<i64>() > l.dims.iter().product::<i64>()
