@@ -14,64 +14,72 @@ import json
 import os
 import subprocess
 import sys
+import time
 
-from rtpu import _plugin  # sets RTPU_PLUGIN, and rtpu's XLA_FLAGS, here
+from timing import median_seconds
 
 FORMS = {
-    # name: (lhs shape, rhs shape, how each is transposed before the matmul)
+    # name: (lhs shape, rhs shape, whether each is transposed before the matmul)
     "x @ W.T (forward)": ((128, 1024), (1024, 1024), (False, True)),
     "dy @ W (input grad)": ((128, 1024), (1024, 1024), (False, False)),
     "dy.T @ x (weight grad)": ((128, 1024), (128, 1024), (True, False)),
 }
-
-TORCH_WORKER = """
-import json, statistics, sys, time
-import torch
-device, calls = sys.argv[1], int(sys.argv[2])
-if device == "tpu":
-    import rtpu
-sync = torch.tpu.synchronize if device == "tpu" else (lambda: None)
-result = {}
-for name, (a, b, (ta, tb)) in json.loads(sys.argv[3]).items():
-    lhs, rhs = torch.randn(*a, device=device), torch.randn(*b, device=device)
-    lhs, rhs = (lhs.t() if ta else lhs), (rhs.t() if tb else rhs)
-    for _ in range(5):
-        lhs @ rhs
-    sync()
-    walls, cpu = [], time.process_time()
-    for _ in range(calls):
-        start = time.perf_counter()
-        lhs @ rhs
-        sync()
-        walls.append(time.perf_counter() - start)
-    result[name] = (statistics.median(walls) * 1e3, (time.process_time() - cpu) / calls * 1e3)
-print(json.dumps(result))
-"""
-
-JAX_WORKER = """
-import json, statistics, sys, time
-import jax, jax.numpy as jnp
-calls = int(sys.argv[1])
-result = {}
-for name, (a, b, (ta, tb)) in json.loads(sys.argv[2]).items():
-    f = jax.jit(lambda l, r: (l.T if ta else l) @ (r.T if tb else r))
-    lhs, rhs = jax.random.normal(jax.random.key(0), a), jax.random.normal(jax.random.key(1), b)
-    for _ in range(5):
-        f(lhs, rhs).block_until_ready()
-    walls, cpu = [], time.process_time()
-    for _ in range(calls):
-        start = time.perf_counter()
-        f(lhs, rhs).block_until_ready()
-        walls.append(time.perf_counter() - start)
-    result[name] = (statistics.median(walls) * 1e3, (time.process_time() - cpu) / calls * 1e3)
-print(json.dumps(result))
-"""
+WARMUP = 5
 
 
-def run(command, env):
+def torch_matmuls(device):
+    """`make(lhs_shape, rhs_shape, transposed)`: a call that runs one form
+    on `device` ("tpu" or "cpu") to completion."""
+    import torch
+
+    if device == "tpu":
+        import rtpu  # noqa: F401  (registers the device)
+    sync = torch.tpu.synchronize if device == "tpu" else (lambda: None)
+
+    def make(a, b, transposed):
+        lhs, rhs = torch.randn(*a, device=device), torch.randn(*b, device=device)
+        lhs, rhs = (lhs.t() if transposed[0] else lhs), (rhs.t() if transposed[1] else rhs)
+
+        def matmul():
+            lhs @ rhs
+            sync()
+
+        return matmul
+
+    return make
+
+
+def jax_matmuls():
+    """The same as `torch_matmuls`, in JAX on its own XLA."""
+    import jax
+
+    def make(a, b, transposed):
+        f = jax.jit(lambda l, r: (l.T if transposed[0] else l) @ (r.T if transposed[1] else r))
+        lhs, rhs = jax.random.normal(jax.random.key(0), a), jax.random.normal(jax.random.key(1), b)
+        return lambda: f(lhs, rhs).block_until_ready()
+
+    return make
+
+
+def run_worker(kind, calls):
+    """Times every form in this process; prints {form: (wall ms, CPU ms)}."""
+    make = jax_matmuls() if kind == "jax" else torch_matmuls(kind)
+    result = {}
+    for name, (a, b, transposed) in FORMS.items():
+        matmul = make(a, b, transposed)
+        for _ in range(WARMUP):
+            matmul()
+        cpu = time.process_time()
+        wall = median_seconds(matmul, calls, 0)
+        result[name] = (wall * 1e3, (time.process_time() - cpu) / calls * 1e3)
+    print(json.dumps(result))
+
+
+def run(python, kind, calls, env):
+    command = [python, os.path.abspath(__file__), "--worker", kind, "--calls", str(calls)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
     if done.returncode != 0:
-        print(f"{command[:3]} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+        print(f"the {kind} worker failed:\n{done.stderr[-2000:]}", file=sys.stderr)
         return None
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -80,22 +88,25 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jax-python", help="a Python with jax installed")
     parser.add_argument("--calls", type=int, default=100)
+    # How the parent runs each configuration in a process of its own.
+    parser.add_argument("--worker", choices=["tpu", "cpu", "jax"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        run_worker(args.worker, args.calls)
+        return
 
-    forms = json.dumps(FORMS)
+    from rtpu import _plugin  # sets RTPU_PLUGIN, and rtpu's XLA_FLAGS, here
+
     as_given = _plugin.user_environment()
-    uncapped = dict(as_given, RTPU_CPU_ISA_CAP="0")
-
-    def torch_run(device, env):
-        return run([sys.executable, "-c", TORCH_WORKER, device, str(args.calls), forms], env)
-
     runs = {
-        f"tpu, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}": torch_run("tpu", dict(os.environ)),
-        f"tpu, XLA_FLAGS={as_given.get('XLA_FLAGS', '')!r} (RTPU_CPU_ISA_CAP=0)": torch_run("tpu", uncapped),
-        "PyTorch CPU": torch_run("cpu", as_given),
+        f"tpu, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}": run(sys.executable, "tpu", args.calls, dict(os.environ)),
+        f"tpu, XLA_FLAGS={as_given.get('XLA_FLAGS', '')!r} (RTPU_CPU_ISA_CAP=0)": run(
+            sys.executable, "tpu", args.calls, dict(as_given, RTPU_CPU_ISA_CAP="0")
+        ),
+        "PyTorch CPU": run(sys.executable, "cpu", args.calls, as_given),
     }
     if args.jax_python:
-        runs["JAX, its own XLA"] = run([args.jax_python, "-c", JAX_WORKER, str(args.calls), forms], as_given)
+        runs["JAX, its own XLA"] = run(args.jax_python, "jax", args.calls, as_given)
     print(f"{args.calls} calls each: median wall ms / CPU ms per call")
     for label, result in runs.items():
         print(f"  {label}")
