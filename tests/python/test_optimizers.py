@@ -14,6 +14,13 @@ DEVICE = "tpu"
 # sqrt(v) + eps amplifies it): measured ≤ 1.1e-6 absolute and 4.1e-5
 # relative (7 optimizers x 3 seeds); margin ~5-10x.
 WEIGHTS_TOLERANCE = {"rtol": 2e-4, "atol": 1e-5}
+# Adam divides by sqrt(v) + eps: where a weight's gradient sum cancels to
+# near zero, rounding in another order changes its update by up to the
+# learning rate. Measured over 600 fresh models per Adam variant and mode:
+# 1-2 such weights in about 1 tensor in 1000, off by at most 1.3e-3; every
+# other weight within WEIGHTS_TOLERANCE. So a few weights per tensor may
+# be off by up to one step (lr = 1e-2), no more.
+ADAM_OUTLIER_BOUND = 1e-2
 
 OPTIMIZERS = {
     "adam": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.01, fused=True),
@@ -36,6 +43,22 @@ def twin_mlps():
     """The same fresh MLP on the CPU and on tpu."""
     torch.manual_seed(torch.seed())
     return twins(mlp)
+
+
+def assert_weights_close(got, want, key, adam):
+    """`got` (tpu) holds `want`'s weights within WEIGHTS_TOLERANCE; after an
+    Adam variant, up to max(2, 1%) of them may be off by ADAM_OUTLIER_BOUND."""
+    got = got.cpu()
+    if not adam:
+        torch.testing.assert_close(got, want, **WEIGHTS_TOLERANCE, msg=key)
+        return
+    assert got.shape == want.shape and got.dtype == want.dtype, key
+    diff = (got - want).abs()
+    # Negated comparisons count a NaN as off.
+    off = ~(diff <= WEIGHTS_TOLERANCE["atol"] + WEIGHTS_TOLERANCE["rtol"] * want.abs())
+    allowed = max(2, want.numel() // 100)
+    assert int(off.sum()) <= allowed, f"{key}: {int(off.sum())} weights off by more than {WEIGHTS_TOLERANCE}"
+    assert not (~(diff <= ADAM_OUTLIER_BOUND)).any(), f"{key}: a weight off by {diff.max()}"
 
 
 def train(model, optimizer, device, steps, step_mode):
@@ -62,7 +85,7 @@ def test_a_fused_optimizer_runs_natively_with_the_cpus_weights(name, step_mode):
     train(model, OPTIMIZERS[name](model.parameters()), DEVICE, 5, step_mode)
     assert rtpu.metrics()["cpu_fallbacks"] == fallbacks
     for (key, got), want in zip(model.state_dict().items(), model_cpu.state_dict().values()):
-        torch.testing.assert_close(got.cpu(), want, **WEIGHTS_TOLERANCE, msg=key)
+        assert_weights_close(got, want, key, adam=name.startswith("adam"))
 
 
 def test_grad_scaler_with_a_fused_optimizer_runs_natively_and_skips_inf_steps():
@@ -88,4 +111,4 @@ def test_grad_scaler_with_a_fused_optimizer_runs_natively_and_skips_inf_steps():
     assert rtpu.metrics()["cpu_fallbacks"] == fallbacks
     assert results[DEVICE] == results["cpu"], results
     for (key, got), want in zip(model.state_dict().items(), model_cpu.state_dict().values()):
-        torch.testing.assert_close(got.cpu(), want, **WEIGHTS_TOLERANCE, msg=key)
+        assert_weights_close(got, want, key, adam=True)
