@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import rtpu
 
-from test_ops import DEVICE, TOLERANCES, assert_same, rand
+from test_ops import DEVICE, TOLERANCES, assert_same, on_both, rand
 
 # Gradients pass through more roundings than forward values (reductions in
 # another order, normalisation): fp32 gets a looser absolute tolerance.
@@ -116,6 +116,21 @@ def test_normalisation_train_and_eval():
 )
 def test_activations(fn):
     check_forward_backward(fn, rand(5, 7, low=-4, high=4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_a_16_bit_hardswish_rounds_once_as_atens(dtype):
+    # ATen computes it in float32 and rounds once: at most one ulp apart.
+    one_ulp = {torch.float16: 2**-10, torch.bfloat16: 2**-7}[dtype]
+    x = rand(4096, low=-4, high=4, dtype=dtype)
+    got, want = on_both(F.hardswish, x)
+    torch.testing.assert_close(got.cpu(), want, rtol=one_ulp, atol=1e-5)
+
+
+def test_hardswish_gradient_at_its_boundaries_is_atens():
+    # 0 at and below -3, 1 at and above 3 (float16 and bfloat16 inputs
+    # land on them often).
+    check_forward_backward(F.hardswish, torch.tensor([-3.5, -3.0, -1.5, 0.0, 1.5, 3.0, 3.5]))
 
 
 def test_embedding_and_attention():

@@ -300,30 +300,38 @@ fn hardtanh_backward(b: &mut Builder) -> Result<()> {
 }
 
 fn hardswish(e: &mut Ew, x: ValueId) -> Result<ValueId> {
-    // x * min(max(x + 3, 0), 6) / 6
-    let three = e.c(3.0);
-    let zero = e.c(0.0);
-    let six = e.c(6.0);
-    let s = e.add(x, three)?;
-    let r = e.maximum(s, zero)?;
-    let r = e.minimum(r, six)?;
-    let xr = e.mul(x, r)?;
-    e.div(xr, six)
+    // x * min(max(x + 3, 0), 6) / 6, in float32 for 16-bit floats and
+    // rounded once, as ATen does: rounded at each step, a float16 result
+    // is up to 2 ulps off.
+    let (dtype, wide) = (e.dtype, accumulate_dtype(e.dtype));
+    let x = e.convert(x, wide);
+    let w = &mut Ew {
+        b: &mut *e.b,
+        dims: e.dims.clone(),
+        dtype: wide,
+    };
+    let three = w.c(3.0);
+    let zero = w.c(0.0);
+    let six = w.c(6.0);
+    let s = w.add(x, three)?;
+    let r = w.maximum(s, zero)?;
+    let r = w.minimum(r, six)?;
+    let xr = w.mul(x, r)?;
+    let out = w.div(xr, six)?;
+    Ok(e.convert(out, dtype))
 }
 
 fn hardswish_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
-    // 0 below -3, 1 above 3, (2x + 3) / 6 between (ATen's boundaries).
+    // ATen's: 0 at and below -3, 1 at and above 3, x / 3 + 1/2 between.
     let m3 = e.c(-3.0);
     let p3 = e.c(3.0);
     let zero = e.c(0.0);
     let one = e.c(1.0);
-    let two = e.c(2.0);
-    let six = e.c(6.0);
-    let tx = e.mul(two, x)?;
-    let n = e.add(tx, p3)?;
-    let mid = e.div(n, six)?;
-    let low = e.compare(CompareDir::Lt, x, m3)?;
-    let high = e.compare(CompareDir::Gt, x, p3)?;
+    let half = e.c(0.5);
+    let third = e.div(x, p3)?;
+    let mid = e.add(third, half)?;
+    let low = e.compare(CompareDir::Le, x, m3)?;
+    let high = e.compare(CompareDir::Ge, x, p3)?;
     let v = e.select(high, one, mid)?;
     e.select(low, zero, v)
 }
