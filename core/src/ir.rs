@@ -545,8 +545,11 @@ impl Graph {
     }
 
     /// The graph restricted to what `outputs` need, with parameters renumbered;
-    /// also returns the old index of each kept parameter.
-    pub fn prune(&self, outputs: &[ValueId]) -> (Graph, Vec<usize>) {
+    /// also returns the old index of each kept parameter. Consumes the graph,
+    /// so its nodes are compacted in place rather than copied. `boundaries`
+    /// (node counts, in order, such as where each recorded op's nodes end)
+    /// are renumbered to count the kept nodes.
+    pub fn prune(mut self, outputs: &[ValueId], boundaries: &mut [usize]) -> (Graph, Vec<usize>) {
         let n = self.nodes.len();
         let mut live = vec![false; n];
         for &o in outputs {
@@ -557,29 +560,46 @@ impl Graph {
                 self.nodes[id].0.for_each_operand(|v| live[v] = true);
             }
         }
+        // Each node's id once the dead ones before it are gone (usize::MAX
+        // for the dead), and the boundaries counted likewise.
         let mut new_id = vec![usize::MAX; n];
-        let mut kept_params = Vec::new();
-        let mut params = Vec::new();
-        let mut nodes = Vec::with_capacity(n);
-        for (id, (node, ty)) in self.nodes.iter().enumerate() {
-            if !live[id] {
-                continue;
+        let mut boundaries = boundaries.iter_mut().peekable();
+        let mut kept = 0;
+        for (id, &is_live) in live.iter().enumerate() {
+            while let Some(end) = boundaries.next_if(|end| **end <= id) {
+                *end = kept;
             }
-            let mut node = node.clone();
-            match &mut node {
-                Node::Param(i) => {
-                    kept_params.push(*i);
-                    params.push(self.params[*i].clone());
-                    *i = params.len() - 1;
-                }
-                other => other.for_each_operand_mut(|v| *v = new_id[*v]),
+            if is_live {
+                new_id[id] = kept;
+                kept += 1;
             }
-            new_id[id] = nodes.len();
-            nodes.push((node, ty.clone()));
         }
+        for end in boundaries {
+            *end = kept;
+        }
+        // Compacted in place: a node is large, and most survive.
+        let mut kept_params = Vec::new();
+        let mut id = 0;
+        self.nodes.retain_mut(|(node, _)| {
+            let is_live = live[id];
+            id += 1;
+            if is_live {
+                match node {
+                    Node::Param(i) => {
+                        kept_params.push(*i);
+                        *i = kept_params.len() - 1;
+                    }
+                    other => other.for_each_operand_mut(|v| *v = new_id[*v]),
+                }
+            }
+            is_live
+        });
         let pruned = Graph {
-            params,
-            nodes,
+            params: kept_params
+                .iter()
+                .map(|&i| self.params[i].clone())
+                .collect(),
+            nodes: self.nodes,
             outputs: outputs.iter().map(|&o| new_id[o]).collect(),
             donors: Vec::new(),
             spmd: None,
@@ -682,5 +702,38 @@ mod tests {
         let before = graph.clone();
         graph.sort_operands_first();
         assert_eq!(graph, before);
+    }
+
+    #[test]
+    fn prune_keeps_what_the_outputs_read_and_renumbers_op_boundaries() {
+        let f32x2 = TensorType::new(DType::F32, &[2]);
+        // Three ops: exp of parameter 0 (unused), neg of parameter 1, tanh
+        // of the neg; only the tanh is an output.
+        let graph = Graph {
+            params: vec![f32x2.clone(), f32x2.clone()],
+            nodes: vec![
+                (Node::Param(0), f32x2.clone()),
+                (Node::Unary(UnaryOp::Exp, 0), f32x2.clone()),
+                (Node::Param(1), f32x2.clone()),
+                (Node::Unary(UnaryOp::Neg, 2), f32x2.clone()),
+                (Node::Unary(UnaryOp::Tanh, 3), f32x2.clone()),
+            ],
+            outputs: Vec::new(),
+            donors: Vec::new(),
+            spmd: None,
+        };
+        let mut op_ends = [2, 4, 5];
+        let (pruned, kept) = graph.prune(&[4], &mut op_ends);
+        assert_eq!(kept, vec![1]);
+        assert_eq!(pruned.params, vec![f32x2.clone()]);
+        let want = vec![
+            (Node::Param(0), f32x2.clone()),
+            (Node::Unary(UnaryOp::Neg, 0), f32x2.clone()),
+            (Node::Unary(UnaryOp::Tanh, 1), f32x2),
+        ];
+        assert_eq!(pruned.nodes, want);
+        assert_eq!(pruned.outputs, vec![2]);
+        // The first op kept nothing: it ends where the pruned graph starts.
+        assert_eq!(op_ends, [0, 2, 3]);
     }
 }

@@ -187,17 +187,27 @@ impl<'a> Builder<'a> {
                 _ => None,
             })
             .flatten();
+        let mut inputs = 0;
         for t in tensors.chain(in_lists) {
             t.view.check_within(t.storage.elements(t.view.dtype)?)?;
+            inputs += 1;
         }
+        // Room for what most ops make, so building one does not regrow its
+        // vectors op after op: a parameter and a slot per tensor input (plus
+        // scalar inputs), a few nodes per input.
+        let params = inputs + 2;
         Ok(Builder {
             client,
             op,
             args,
-            graph: Graph::default(),
-            sources: Vec::new(),
-            slots: Vec::new(),
-            outputs: Vec::new(),
+            graph: Graph {
+                params: Vec::with_capacity(params),
+                nodes: Vec::with_capacity(4 * params),
+                ..Graph::default()
+            },
+            sources: Vec::with_capacity(params),
+            slots: Vec::with_capacity(inputs + 1),
+            outputs: Vec::with_capacity(1),
             device_index: None,
             mode,
             checks: Vec::new(),

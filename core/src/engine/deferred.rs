@@ -115,28 +115,33 @@ fn storage_key(storage: &Arc<Storage>) -> usize {
     Arc::as_ptr(storage) as usize
 }
 
-/// The node and storage counts of the last graph that ran: a training loop
-/// records the same graph each step, so the next starts with room instead
-/// of regrowing.
+/// The node, storage, parameter and op counts of the last graph that ran: a
+/// training loop records the same graph each step, so the next starts with
+/// room instead of regrowing.
 static LAST_GRAPH_NODES: AtomicUsize = AtomicUsize::new(0);
 static LAST_GRAPH_SLOTS: AtomicUsize = AtomicUsize::new(0);
+static LAST_GRAPH_PARAMS: AtomicUsize = AtomicUsize::new(0);
+static LAST_GRAPH_OPS: AtomicUsize = AtomicUsize::new(0);
 
 impl PendingGraph {
     fn new(client: &Client, device_index: usize) -> PendingGraph {
         let slots = LAST_GRAPH_SLOTS.load(Ordering::Relaxed);
+        let params = LAST_GRAPH_PARAMS.load(Ordering::Relaxed);
+        let ops = LAST_GRAPH_OPS.load(Ordering::Relaxed);
         PendingGraph {
             client: client.clone(),
             device_index,
             graph: Graph {
+                params: Vec::with_capacity(params),
                 nodes: Vec::with_capacity(LAST_GRAPH_NODES.load(Ordering::Relaxed)),
                 ..Graph::default()
             },
-            sources: Vec::new(),
-            param_op: Vec::new(),
+            sources: Vec::with_capacity(params),
+            param_op: Vec::with_capacity(params),
             slots: Vec::with_capacity(slots),
             slot_of: FxHashMap::with_capacity_and_hasher(slots, Default::default()),
-            ops: Vec::new(),
-            op_ends: Vec::new(),
+            ops: Vec::with_capacity(ops),
+            op_ends: Vec::with_capacity(ops),
             checks: Vec::new(),
         }
     }
@@ -288,7 +293,8 @@ impl PendingGraph {
     ) -> Result<Vec<ValueId>> {
         let (nodes_before, params_before) = (self.graph.nodes.len(), self.graph.params.len());
         let mut params: Vec<Option<SplicedParam>> = params.into_iter().map(Some).collect();
-        let mut remap: Vec<ValueId> = Vec::new();
+        let nodes = nodes.into_iter();
+        let mut remap: Vec<ValueId> = Vec::with_capacity(nodes.size_hint().0);
         let mut first_reads = Vec::new();
         let mut failure = None;
         for (mut node, ty) in nodes {
@@ -540,6 +546,8 @@ fn run(pg: PendingGraph, site: u32) -> Result<()> {
 fn run_graph(mut pg: PendingGraph, site: u32, capture: bool) -> Result<Option<RanGraph>> {
     LAST_GRAPH_NODES.store(pg.graph.nodes.len(), Ordering::Relaxed);
     LAST_GRAPH_SLOTS.store(pg.slots.len(), Ordering::Relaxed);
+    LAST_GRAPH_PARAMS.store(pg.graph.params.len(), Ordering::Relaxed);
+    LAST_GRAPH_OPS.store(pg.ops.len(), Ordering::Relaxed);
     // A captured graph takes an upstream flag (see `checks`) as its last
     // parameter, so its replays need not wait for earlier graphs' checks;
     // this run reads a false one. An SPMD program does not: its replays
@@ -594,7 +602,9 @@ fn run_graph(mut pg: PendingGraph, site: u32, capture: bool) -> Result<Option<Ra
     outputs.extend(flags);
     // The chained flag, the captured graph's last output.
     outputs.extend(failed.filter(|_| upstream.is_some()));
-    let (mut pruned, kept) = graph.prune(&outputs);
+    // Op boundaries in the pruned graph, for naming the op that failed it.
+    let mut op_ends = op_ends;
+    let (mut pruned, kept) = graph.prune(&outputs, &mut op_ends);
     read_kept_values(&mut pruned, &kept_on_failure);
     // A buffer held only by this graph belongs to a storage the graph
     // overwrites: XLA may reuse its memory for the new value. A capture
@@ -734,7 +744,10 @@ fn run_graph(mut pg: PendingGraph, site: u32, capture: bool) -> Result<Option<Ra
                 // Already says what failed and where.
                 Error::RecompileLimit { .. } | Error::DeferredGraph { .. } => error,
                 _ => {
-                    let culprit = find_culprit(&client, device_index, &graph, &sources, &op_ends);
+                    let kept_sources: Vec<Source> =
+                        kept.iter().map(|&p| sources[p].clone()).collect();
+                    let culprit =
+                        find_culprit(&client, device_index, &pruned, &kept_sources, &op_ends);
                     graph_error((error.code(), error.to_string()), site, &ops, culprit)
                 }
             };

@@ -40,7 +40,7 @@ pub(super) fn find_culprit(
             donors: Vec::new(),
             spmd: None,
         };
-        let (prefix, kept) = prefix.prune(&outputs);
+        let (prefix, kept) = prefix.prune(&outputs, &mut []);
         execute(client, device_index, &prefix, &kept, sources, None, false).is_err()
     };
     let (mut good, mut bad) = (None::<usize>, op_ends.len() - 1);
