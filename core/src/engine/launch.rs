@@ -10,7 +10,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::Graph;
 use crate::metrics::{self, Metric};
-use crate::runtime::{Buffer, Client, ExecuteOptions, LoadedExecutable};
+use crate::runtime::{Buffer, Client, Execution, LoadedExecutable};
 use crate::storage::Shards;
 
 /// What feeds a parameter of a graph when it runs.
@@ -86,18 +86,13 @@ pub(super) fn launch(
 ) -> Result<Vec<Buffer>> {
     let refs: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
     let start = Instant::now();
-    let results = exe.execute(
-        &[&refs],
-        &ExecuteOptions {
-            donate: donate.to_vec(),
-            asynchronous: true,
-        },
-    );
+    let results = exe.execute_with_events(&[&refs], donate);
     metrics::add_elapsed(Metric::ExecuteNs, start);
-    let buffers = results?.into_iter().next().unwrap_or_default();
-    if let Some(output) = buffers.first() {
+    let Execution { outputs, finished } = results?;
+    let buffers = outputs.into_iter().next().unwrap_or_default();
+    if let Some(Some(finished)) = finished.into_iter().next() {
         let donated = donate.iter().map(|&d| args[d].clone()).collect();
-        work::launched(client, device_index, output, donated)?;
+        work::launched(client, device_index, finished, donated)?;
     }
     Ok(buffers)
 }

@@ -12,7 +12,7 @@ use super::{cache, host_input, work};
 use crate::error::{Error, Result};
 use crate::ir::{Graph, Node, Spmd, TensorType, ValueId};
 use crate::metrics::{self, Metric};
-use crate::runtime::{Buffer, Client, ExecuteOptions};
+use crate::runtime::{Buffer, Client, Execution};
 use crate::sharding::Sharding;
 use crate::storage::{Shards, Storage, StorageValue};
 
@@ -150,13 +150,8 @@ fn execute(
         .collect();
     let rows: Vec<&[&Buffer]> = rows.iter().map(Vec::as_slice).collect();
     let start = Instant::now();
-    let results = exe.execute(
-        &rows,
-        &ExecuteOptions {
-            donate: program.donated_params().collect(),
-            asynchronous: true,
-        },
-    );
+    let donate: Vec<usize> = program.donated_params().collect();
+    let results = exe.execute_with_events(&rows, &donate);
     metrics::add_elapsed(Metric::ExecuteNs, start);
     metrics::add(Metric::GraphExecutions, 1);
     metrics::add(Metric::SpmdExecutions, 1);
@@ -166,15 +161,19 @@ fn execute(
         Metric::BuffersDonated,
         (program.donors.len() * mesh.len()) as u64,
     );
-    let results = results?;
+    let Execution {
+        outputs: results,
+        finished,
+    } = results?;
+    let mut finished = finished.into_iter();
     let mut by_partition: Vec<Vec<Option<Buffer>>> = (0..mesh.len()).map(|_| Vec::new()).collect();
     for ((device_results, &partition), donated) in results
         .into_iter()
         .zip(&partition_of)
         .zip(donated.iter_mut())
     {
-        if let Some(first) = device_results.first() {
-            work::launched(client, mesh[partition], first, std::mem::take(donated))?;
+        if let Some(Some(ready)) = finished.next() {
+            work::launched(client, mesh[partition], ready, std::mem::take(donated))?;
         }
         by_partition[partition] = device_results.into_iter().map(Some).collect();
     }

@@ -3,8 +3,8 @@
 //! `synchronize` waits for.
 //!
 //! Every program the engine launches (eager ops, deferred graphs, captured
-//! graphs) is registered here with the ready event of one of its outputs:
-//! an execution's outputs become ready together, when it finishes. A
+//! graphs) is registered here with the event PJRT's execute returns for its
+//! completion on the device (cheaper than asking an output for one). A
 //! marker holds the launches not yet finished when it was made; ops still
 //! pending in deferred mode are not launched yet, so no marker covers them.
 
@@ -50,16 +50,13 @@ fn in_flight() -> MutexGuard<'static, InFlight> {
 }
 
 /// Registers a program just launched on `device_index` of `client`, which
-/// computes `output` and took over the `donated` input buffers.
+/// is finished when `ready` is and took over the `donated` input buffers.
 pub(super) fn launched(
     client: &Client,
     device_index: usize,
-    output: &Buffer,
+    ready: Event,
     donated: Vec<Arc<Buffer>>,
 ) -> Result<()> {
-    let Some(ready) = output.ready_event()? else {
-        return Ok(());
-    };
     let finished_at = Arc::new(OnceLock::new());
     let set = finished_at.clone();
     ready.on_ready(Box::new(move || {

@@ -69,6 +69,15 @@ impl Drop for LoadedExecutable {
     }
 }
 
+/// An enqueued execution.
+pub(crate) struct Execution {
+    /// The outputs, per device.
+    pub outputs: Vec<Vec<Buffer>>,
+    /// Per device, an event that is ready once that device has finished the
+    /// execution (None if the plugin gave none).
+    pub finished: Vec<Option<Event>>,
+}
+
 /// Options of one execution.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExecuteOptions {
@@ -522,6 +531,21 @@ impl LoadedExecutable {
         args: &[&[&Buffer]],
         options: &ExecuteOptions,
     ) -> Result<Vec<Vec<Buffer>>> {
+        let Execution { outputs, finished } = self.execute_with_events(args, &options.donate)?;
+        if !options.asynchronous {
+            // Wait for every device, then report the first failure.
+            let results: Vec<Result<()>> = finished.iter().flatten().map(Event::wait).collect();
+            results.into_iter().collect::<Result<()>>()?;
+        }
+        Ok(outputs)
+    }
+
+    /// Enqueues one execution, donating the argument indices `donate`.
+    pub(crate) fn execute_with_events(
+        &self,
+        args: &[&[&Buffer]],
+        donate: &[usize],
+    ) -> Result<Execution> {
         let num_devices = self.devices.len();
         if args.len() != num_devices {
             return Err(Error::invalid(
@@ -551,7 +575,7 @@ impl LoadedExecutable {
             }
             self.check_argument_types(d, device_args)?;
         }
-        if let Some(&bad) = options.donate.iter().find(|&&i| i >= num_args) {
+        if let Some(&bad) = donate.iter().find(|&&i| i >= num_args) {
             return Err(Error::invalid(
                 "donated argument index",
                 format!("less than {num_args}"),
@@ -559,7 +583,7 @@ impl LoadedExecutable {
             ));
         }
         let non_donatable: Vec<i64> = (0..num_args)
-            .filter(|i| !options.donate.contains(i))
+            .filter(|i| !donate.contains(i))
             .map(|i| i as i64)
             .collect();
 
@@ -586,11 +610,7 @@ impl LoadedExecutable {
         exec_args.num_devices = num_devices;
         exec_args.num_args = num_args;
         exec_args.output_lists = out_ptrs.as_ptr();
-        exec_args.device_complete_events = if options.asynchronous {
-            std::ptr::null_mut()
-        } else {
-            events.as_mut_ptr()
-        };
+        exec_args.device_complete_events = events.as_mut_ptr();
         // SAFETY: every array has the lengths given in the args and outlives
         // the call; PJRT fills `out_rows` and `events`.
         unsafe {
@@ -612,14 +632,14 @@ impl LoadedExecutable {
                     .collect()
             })
             .collect();
-        let events: Vec<Event> = events
+        let events: Vec<Option<Event>> = events
             .into_iter()
-            .filter_map(|raw| Event::from_raw(self.client.plugin, raw))
+            .map(|raw| Event::from_raw(self.client.plugin, raw))
             .collect();
-        // Wait for every device, then report the first failure.
-        let results: Vec<Result<()>> = events.iter().map(Event::wait).collect();
-        results.into_iter().collect::<Result<()>>()?;
-        Ok(outputs)
+        Ok(Execution {
+            outputs,
+            finished: events,
+        })
     }
 }
 

@@ -33,6 +33,7 @@ pub use buffer::Buffer;
 pub use client::{Client, CreateOption, Device, MemoryStats};
 pub use compile::CompileOptions;
 pub(crate) use event::Event;
+pub(crate) use executable::Execution;
 pub use executable::{Collectives, ExecuteOptions, LoadedExecutable, ParameterType};
 pub use key_value::KeyValueStore;
 pub use plugin::{
