@@ -47,23 +47,41 @@ impl<'a> std::ops::DerefMut for Ew<'_, 'a> {
     }
 }
 
-/// The gradient at `grad_index` (in the input's dtype) and the float input
-/// at `x_index`, with the input's dtype and sizes.
+// Activations compute 16-bit floats in float32, scalar arguments (a slope,
+// a threshold) included, and round the result once, as ATen's CPU kernels
+// do. Rounded at each step, or with the slope rounded first, a float16
+// result lands ulps off, and a tiny one (a subnormal) can differ entirely.
+
+/// The gradient at `grad_index` and the float input at `x_index`, both in
+/// the dtype the activation computes in (float32 for 16-bit floats), with
+/// the input's own dtype and sizes.
 fn grad_and_input(
     b: &mut Builder,
     grad_index: usize,
     x_index: usize,
 ) -> Result<(ValueId, ValueId, DType, Vec<i64>)> {
     let (x, dtype, dims) = float_input(b, x_index)?;
+    let wide = accumulate_dtype(dtype);
+    let x = b.convert(x, wide);
     let g = b.tensor(grad_index)?;
-    let g = b.convert(g, dtype);
+    let g = b.convert(g, wide);
     Ok((g, x, dtype, dims))
 }
 
 /// Forward activation on argument 0; `f` computes it on (x).
 fn forward(b: &mut Builder, f: fn(&mut Ew, ValueId) -> Result<ValueId>, form: Form) -> Result<()> {
     let (x, dtype, dims) = float_input(b, 0)?;
-    let out = f(&mut Ew { b, dims, dtype }, x)?;
+    let wide = accumulate_dtype(dtype);
+    let x = b.convert(x, wide);
+    let out = f(
+        &mut Ew {
+            b,
+            dims,
+            dtype: wide,
+        },
+        x,
+    )?;
+    let out = b.convert(out, dtype);
     finish(b, form, out)
 }
 
@@ -76,8 +94,17 @@ fn backward(
 ) -> Result<()> {
     let (g, x, dtype, dims) = grad_and_input(b, grad_index, x_index)?;
     let g = b.broadcast_to(g, &dims)?;
-    let d = f(&mut Ew { b, dims, dtype }, x)?;
+    let wide = accumulate_dtype(dtype);
+    let d = f(
+        &mut Ew {
+            b,
+            dims,
+            dtype: wide,
+        },
+        x,
+    )?;
     let out = b.binary(BinaryOp::Mul, g, d)?;
+    let out = b.convert(out, dtype);
     b.output(out)
 }
 
@@ -93,14 +120,18 @@ fn tanh_approximation(b: &Builder, index: usize) -> Result<bool> {
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_CUBIC: f64 = 0.044715;
 
-/// erf(x / √2).
-fn erf_of_scaled(e: &mut Ew, x: ValueId) -> Result<ValueId> {
-    let r = e.c(std::f64::consts::FRAC_1_SQRT_2);
+/// Φ(x) = erfc(-x / √2) / 2, the normal CDF. Not (1 + erf(x / √2)) / 2:
+/// XLA's erf stops short of -1 (-0.9999998 far out), which left gelu(-20)
+/// at -2e-6 instead of 0, and its error near 1 shows in float16 results.
+fn normal_cdf(e: &mut Ew, x: ValueId) -> Result<ValueId> {
+    let r = e.c(-std::f64::consts::FRAC_1_SQRT_2);
     let xr = e.mul(x, r)?;
-    Ok(e.unary(UnaryOp::Erf, xr))
+    let t = e.unary(UnaryOp::Erfc, xr);
+    let half = e.c(0.5);
+    e.mul(half, t)
 }
 
-/// 0.5 x (1 + t): both gelu forms, with t the erf or tanh term.
+/// 0.5 x (1 + t): tanh-gelu, with t its tanh term.
 fn half_x_one_plus(e: &mut Ew, x: ValueId, t: ValueId) -> Result<ValueId> {
     let one = e.c(1.0);
     let half = e.c(0.5);
@@ -109,7 +140,7 @@ fn half_x_one_plus(e: &mut Ew, x: ValueId, t: ValueId) -> Result<ValueId> {
     e.mul(hx, s)
 }
 
-/// 0.5 (1 + t): both gelu gradients' first term.
+/// 0.5 (1 + t): tanh-gelu's gradient's first term.
 fn half_one_plus(e: &mut Ew, t: ValueId) -> Result<ValueId> {
     let one = e.c(1.0);
     let half = e.c(0.5);
@@ -118,8 +149,8 @@ fn half_one_plus(e: &mut Ew, t: ValueId) -> Result<ValueId> {
 }
 
 fn gelu_exact(e: &mut Ew, x: ValueId) -> Result<ValueId> {
-    let erf = erf_of_scaled(e, x)?;
-    half_x_one_plus(e, x, erf)
+    let cdf = normal_cdf(e, x)?;
+    e.mul(x, cdf)
 }
 
 /// √(2/π) (a + c p): with a = x, p = x³ the tanh-gelu inner term, with
@@ -146,8 +177,7 @@ fn gelu_tanh(e: &mut Ew, x: ValueId) -> Result<ValueId> {
 
 fn gelu_exact_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     // Φ(x) + x φ(x)
-    let erf = erf_of_scaled(e, x)?;
-    let cdf = half_one_plus(e, erf)?;
+    let cdf = normal_cdf(e, x)?;
     let pdf = normal_pdf(e, x)?;
     let xpdf = e.mul(x, pdf)?;
     e.add(cdf, xpdf)
@@ -289,36 +319,32 @@ fn hardtanh(e: &mut Ew, x: ValueId) -> Result<ValueId> {
 /// Gradient passes only strictly inside (min_val, max_val).
 fn hardtanh_backward(b: &mut Builder) -> Result<()> {
     let (g, x, dtype, dims) = grad_and_input(b, 0, 1)?;
-    let e = &mut Ew { b, dims, dtype };
+    let wide = accumulate_dtype(dtype);
+    let e = &mut Ew {
+        b,
+        dims,
+        dtype: wide,
+    };
     let (lo, hi) = (e.scalar(2)?, e.scalar(3)?);
     let above = e.compare(CompareDir::Gt, x, lo)?;
     let below = e.compare(CompareDir::Lt, x, hi)?;
     let inside = e.binary(BinaryOp::And, above, below)?;
     let zero = e.c(0.0);
     let out = e.select(inside, g, zero)?;
+    let out = b.convert(out, dtype);
     b.output(out)
 }
 
+/// x * min(max(x + 3, 0), 6) / 6.
 fn hardswish(e: &mut Ew, x: ValueId) -> Result<ValueId> {
-    // x * min(max(x + 3, 0), 6) / 6, in float32 for 16-bit floats and
-    // rounded once, as ATen does: rounded at each step, a float16 result
-    // is up to 2 ulps off.
-    let (dtype, wide) = (e.dtype, accumulate_dtype(e.dtype));
-    let x = e.convert(x, wide);
-    let w = &mut Ew {
-        b: &mut *e.b,
-        dims: e.dims.clone(),
-        dtype: wide,
-    };
-    let three = w.c(3.0);
-    let zero = w.c(0.0);
-    let six = w.c(6.0);
-    let s = w.add(x, three)?;
-    let r = w.maximum(s, zero)?;
-    let r = w.minimum(r, six)?;
-    let xr = w.mul(x, r)?;
-    let out = w.div(xr, six)?;
-    Ok(e.convert(out, dtype))
+    let three = e.c(3.0);
+    let zero = e.c(0.0);
+    let six = e.c(6.0);
+    let s = e.add(x, three)?;
+    let r = e.maximum(s, zero)?;
+    let r = e.minimum(r, six)?;
+    let xr = e.mul(x, r)?;
+    e.div(xr, six)
 }
 
 fn hardswish_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
@@ -341,7 +367,12 @@ fn hardswish_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
 fn output_backward(b: &mut Builder, tanh: bool) -> Result<()> {
     let (g, y, dtype, dims) = grad_and_input(b, 0, 1)?;
     let g = b.broadcast_to(g, &dims)?;
-    let e = &mut Ew { b, dims, dtype };
+    let wide = accumulate_dtype(dtype);
+    let e = &mut Ew {
+        b,
+        dims,
+        dtype: wide,
+    };
     let one = e.c(1.0);
     let d = if tanh {
         let y2 = e.mul(y, y)?;
@@ -351,6 +382,7 @@ fn output_backward(b: &mut Builder, tanh: bool) -> Result<()> {
         e.mul(y, omy)?
     };
     let out = e.mul(g, d)?;
+    let out = b.convert(out, dtype);
     b.output(out)
 }
 
@@ -359,10 +391,13 @@ fn output_backward(b: &mut Builder, tanh: bool) -> Result<()> {
 fn threshold(b: &mut Builder, form: Form) -> Result<()> {
     let x = b.tensor(0)?;
     let (dtype, dims) = (b.dtype(x), b.dims(x));
-    let t = broadcast_scalar(b, 1, dtype, &dims)?;
-    let v = broadcast_scalar(b, 2, dtype, &dims)?;
+    let wide = accumulate_dtype(dtype);
+    let x = b.convert(x, wide);
+    let t = broadcast_scalar(b, 1, wide, &dims)?;
+    let v = broadcast_scalar(b, 2, wide, &dims)?;
     let replace = b.compare(CompareDir::Le, x, t)?;
     let out = b.select(replace, v, x)?;
+    let out = b.convert(out, dtype);
     finish(b, form, out)
 }
 
@@ -371,7 +406,9 @@ fn threshold_backward(b: &mut Builder) -> Result<()> {
     let dtype = result_type(b, &[0, 1])?;
     let (g, x) = operand_pair(b, (0, 1), dtype)?;
     let dims = b.dims(x);
-    let t = broadcast_scalar(b, 2, dtype, &dims)?;
+    let wide = accumulate_dtype(dtype);
+    let x = b.convert(x, wide);
+    let t = broadcast_scalar(b, 2, wide, &dims)?;
     let stop = b.compare(CompareDir::Le, x, t)?;
     let zero = b.constant(Literal::Int(0), dtype, &dims);
     let out = b.select(stop, zero, g)?;
@@ -381,17 +418,24 @@ fn threshold_backward(b: &mut Builder) -> Result<()> {
 /// softshrink / hardshrink (and their backwards with `grad` first). Values
 /// inside [-lambd, lambd] shrink to zero, so a NaN stays NaN, as in ATen;
 /// the backwards pass the gradient only outside it (a NaN input gets 0, as
-/// ATen's vectorised kernels give).
+/// ATen's vectorised kernels give). As in ATen's kernels, softshrink
+/// computes 16-bit floats in float32 with lambd unrounded; hardshrink and
+/// the backwards compare with lambd rounded to the input's dtype.
 fn shrink(b: &mut Builder, soft: bool, pass: Pass) -> Result<()> {
     let xi = pass.first_arg();
     let x = b.tensor(xi)?;
     let (dtype, dims) = (b.dtype(x), b.dims(x));
-    let l = broadcast_scalar(b, xi + 1, dtype, &dims)?;
+    let compute = match (pass, soft) {
+        (Pass::Forward, true) => accumulate_dtype(dtype),
+        _ => dtype,
+    };
+    let x = b.convert(x, compute);
+    let l = broadcast_scalar(b, xi + 1, compute, &dims)?;
     let nl = b.unary(UnaryOp::Neg, l);
     let above = b.compare(CompareDir::Gt, x, l)?;
     let below = b.compare(CompareDir::Lt, x, nl)?;
     let outside = b.binary(BinaryOp::Or, above, below)?;
-    let zero = b.constant(Literal::Int(0), dtype, &dims);
+    let zero = b.constant(Literal::Int(0), compute, &dims);
     let out = if pass == Pass::Backward {
         let g = b.tensor(0)?;
         let g = b.convert(g, dtype);
@@ -408,6 +452,7 @@ fn shrink(b: &mut Builder, soft: bool, pass: Pass) -> Result<()> {
             b.select(outside, x, rest)?
         }
     };
+    let out = b.convert(out, dtype);
     b.output(out)
 }
 
@@ -434,13 +479,11 @@ fn log_sigmoid(b: &mut Builder) -> Result<()> {
 
 /// log_sigmoid_backward(grad, self, buffer) = grad * sigmoid(-x).
 fn log_sigmoid_backward(b: &mut Builder) -> Result<()> {
-    let x = b.tensor(1)?;
-    let dtype = b.dtype(x);
-    let g = b.tensor(0)?;
-    let g = b.convert(g, dtype);
+    let (g, x, dtype, _) = grad_and_input(b, 0, 1)?;
     let nx = b.unary(UnaryOp::Neg, x);
     let s = b.unary(UnaryOp::Logistic, nx);
     let out = b.binary(BinaryOp::Mul, g, s)?;
+    let out = b.convert(out, dtype);
     b.output(out)
 }
 
