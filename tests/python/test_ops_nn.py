@@ -161,10 +161,8 @@ ROUNDED_ONCE = {
     "hardshrink": lambda x: F.hardshrink(x, 0.3),
     "log1p": torch.log1p,
 }
-# Through XLA's float32 exp, log and erfc, a few values in a thousand round
-# the other way. rtpu's gelu is x erfc(-x / √2) / 2, more accurate in the
-# tail than ATen's x (1 + erf(x / √2)) / 2, whose sum cancels: there the two
-# differ by up to 1e-6 (ATen's is the one further off).
+# Through XLA's float32 exp, log and erf, a few values in a thousand round
+# the other way (in gelu's tail, where 1 + erf cancels, by up to 1e-6).
 ROUNDED_ONCE_NEARLY = {
     "rsqrt": torch.rsqrt,
     "gelu": F.gelu,

@@ -120,15 +120,23 @@ fn tanh_approximation(b: &Builder, index: usize) -> Result<bool> {
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 const GELU_CUBIC: f64 = 0.044715;
 
-/// Φ(x) = erfc(-x / √2) / 2, the normal CDF. Not (1 + erf(x / √2)) / 2:
-/// XLA's erf stops short of -1 (-0.9999998 far out), which left gelu(-20)
-/// at -2e-6 instead of 0, and its error near 1 shows in float16 results.
+/// Φ(x) = (1 + erf(x / √2)) / 2, the normal CDF, as ATen computes it, but 0
+/// where x / √2 < -4: there float32's 1 + erf is 0 in ATen, while XLA's erf
+/// stops short of -1 (at -0.9999998), which made gelu(x) about -1e-7 x for
+/// every large negative x (gelu(-20) = -2e-6). XLA's erfc has no such
+/// floor but costs twice as much.
 fn normal_cdf(e: &mut Ew, x: ValueId) -> Result<ValueId> {
-    let r = e.c(-std::f64::consts::FRAC_1_SQRT_2);
-    let xr = e.mul(x, r)?;
-    let t = e.unary(UnaryOp::Erfc, xr);
+    let r = e.c(std::f64::consts::FRAC_1_SQRT_2);
+    let z = e.mul(x, r)?;
+    let erf = e.unary(UnaryOp::Erf, z);
+    let one = e.c(1.0);
     let half = e.c(0.5);
-    e.mul(half, t)
+    let s = e.add(one, erf)?;
+    let cdf = e.mul(half, s)?;
+    let floor = e.c(-4.0);
+    let below = e.compare(CompareDir::Lt, z, floor)?;
+    let zero = e.c(0.0);
+    e.select(below, zero, cdf)
 }
 
 /// 0.5 x (1 + t): tanh-gelu, with t its tanh term.
