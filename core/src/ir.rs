@@ -320,20 +320,12 @@ pub enum Node {
         update: ValueId,
         start: ValueId,
     },
-    /// `stablehlo.convolution`. Layouts name each operand's dims in order:
-    /// `b`/`f` (batch, feature) for the input and output, `o`/`i` (output,
-    /// input feature) for the kernel, digits for spatial dims, e.g.
-    /// `"bf01"`, `"oi01"`, `"bf01"`.
+    /// `stablehlo.convolution`. Its window is boxed: inline, it made every
+    /// node 200 bytes, and graphs move nodes around (most are elementwise).
     Convolution {
         lhs: ValueId,
         rhs: ValueId,
-        layouts: [String; 3],
-        window_strides: Vec<i64>,
-        padding: Vec<(i64, i64)>,
-        lhs_dilation: Vec<i64>,
-        rhs_dilation: Vec<i64>,
-        feature_group_count: i64,
-        batch_group_count: i64,
+        window: Box<ConvWindow>,
     },
     /// Reverses the order of elements along `dims`.
     Reverse {
@@ -389,6 +381,21 @@ pub enum Node {
 }
 
 /// How a `Collective` node combines its group's operands.
+/// A convolution's layouts and window. Layouts name each operand's dims in
+/// order: `b`/`f` (batch, feature) for the input and output, `o`/`i`
+/// (output, input feature) for the kernel, digits for spatial dims, e.g.
+/// `"bf01"`, `"oi01"`, `"bf01"`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ConvWindow {
+    pub layouts: [String; 3],
+    pub window_strides: Vec<i64>,
+    pub padding: Vec<(i64, i64)>,
+    pub lhs_dilation: Vec<i64>,
+    pub rhs_dilation: Vec<i64>,
+    pub feature_group_count: i64,
+    pub batch_group_count: i64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CollectiveOp {
     /// Every replica gets the operands combined with the op.

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use half::{bf16, f16};
 
 use crate::dtype::DType;
-use crate::ir::{CollectiveOp, CompareDir, Graph, Literal, Node, ReduceOp, TensorType};
+use crate::ir::{CollectiveOp, CompareDir, ConvWindow, Graph, Literal, Node, ReduceOp, TensorType};
 use crate::sharding::Sharding;
 
 /// The module text for `graph`, with `@main` as its entry.
@@ -503,17 +503,16 @@ fn lower_node(out: &mut String, graph: &Graph, id: usize, node: &Node, ty: &Tens
                 graph.ty(*start),
             );
         }
-        Node::Convolution {
-            lhs,
-            rhs,
-            layouts,
-            window_strides,
-            padding,
-            lhs_dilation,
-            rhs_dilation,
-            feature_group_count,
-            batch_group_count,
-        } => {
+        Node::Convolution { lhs, rhs, window } => {
+            let ConvWindow {
+                layouts,
+                window_strides,
+                padding,
+                lhs_dilation,
+                rhs_dilation,
+                feature_group_count,
+                batch_group_count,
+            } = &**window;
             let spec = |layout: &str| {
                 let items: Vec<String> = layout.chars().map(|c| c.to_string()).collect();
                 format!("[{}]", items.join(", "))

@@ -4,7 +4,7 @@
 use super::{Arg, Builder, ParamSource};
 use crate::dtype::{Category, DType};
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, Literal, Node, TensorType, UnaryOp, ValueId};
+use crate::ir::{BinaryOp, ConvWindow, Literal, Node, TensorType, UnaryOp, ValueId};
 
 impl<'a> Builder<'a> {
     // ----- graph construction -------------------------------------------
@@ -500,13 +500,15 @@ impl<'a> Builder<'a> {
             Node::Convolution {
                 lhs,
                 rhs,
-                layouts: layouts.map(str::to_string),
-                window_strides: window_strides.to_vec(),
-                padding: padding.to_vec(),
-                lhs_dilation: lhs_dilation.to_vec(),
-                rhs_dilation: rhs_dilation.to_vec(),
-                feature_group_count: groups.0,
-                batch_group_count: groups.1,
+                window: Box::new(ConvWindow {
+                    layouts: layouts.map(str::to_string),
+                    window_strides: window_strides.to_vec(),
+                    padding: padding.to_vec(),
+                    lhs_dilation: lhs_dilation.to_vec(),
+                    rhs_dilation: rhs_dilation.to_vec(),
+                    feature_group_count: groups.0,
+                    batch_group_count: groups.1,
+                }),
             },
             TensorType::new(dtype, out_dims),
         )
