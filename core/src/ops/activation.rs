@@ -1,6 +1,6 @@
 //! Activations and their backwards: relu's backward, gelu (exact and
 //! tanh), silu, softplus, elu, leaky_relu, hardtanh, hardswish, threshold,
-//! soft/hard shrink, log-sigmoid, glu and prelu.
+//! soft/hard shrink, log-sigmoid, glu and prelu; mish's backward.
 
 use super::{
     accumulate_dtype, broadcast_all, broadcast_scalar, ensure, finish, float_input, operand_pair,
@@ -246,6 +246,26 @@ fn silu_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
     let xo = e.mul(x, oms)?;
     let p = e.add(one, xo)?;
     e.mul(s, p)
+}
+
+/// mish_backward(grad, self): mish'(x) = t + x σ(x) (1 - t²) with t =
+/// tanh(softplus(x)), as ATen's kernel computes it (autograd's decomposition
+/// into separate ops rounded float16 results at each step).
+fn mish_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
+    let ex = e.unary(UnaryOp::Exp, x);
+    let sp = e.unary(UnaryOp::Log1p, ex);
+    // softplus(x) = x for large x (exp overflows), as in mish itself.
+    let large = e.c(20.0);
+    let big = e.compare(CompareDir::Gt, x, large)?;
+    let sp = e.select(big, x, sp)?;
+    let t = e.unary(UnaryOp::Tanh, sp);
+    let s = e.unary(UnaryOp::Logistic, x);
+    let one = e.c(1.0);
+    let t2 = e.mul(t, t)?;
+    let sech2 = e.sub(one, t2)?;
+    let xs = e.mul(x, s)?;
+    let right = e.mul(xs, sech2)?;
+    e.add(t, right)
 }
 
 /// softplus(x) = log1p(exp(beta x)) / beta, or x where beta x > threshold.
@@ -583,6 +603,7 @@ pub(super) fn ops() -> Vec<OpDef> {
     use Form::Functional as F;
     let mut ops = vec![
         op!("aten::hardswish_backward", backward(0, 1, hardswish_grad)),
+        op!("aten::mish_backward", backward(0, 1, mish_grad)),
         op!("aten::softshrink_backward", shrink(true, Pass::Backward)),
         op!("aten::hardshrink_backward", shrink(false, Pass::Backward)),
         op!("aten::log_sigmoid_forward", log_sigmoid()),
