@@ -2,6 +2,7 @@
 //! tanh), silu, softplus, elu, leaky_relu, hardtanh, hardswish, threshold,
 //! soft/hard shrink, log-sigmoid, glu and prelu; mish's backward.
 
+use super::unary::tanh_softplus;
 use super::{
     accumulate_dtype, broadcast_all, broadcast_scalar, ensure, finish, float_input, operand_pair,
     result_type, wrap_dim, Arith, Form, OpDef, Pass,
@@ -252,13 +253,7 @@ fn silu_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
 /// tanh(softplus(x)), as ATen's kernel computes it (autograd's decomposition
 /// into separate ops rounded float16 results at each step).
 fn mish_grad(e: &mut Ew, x: ValueId) -> Result<ValueId> {
-    let ex = e.unary(UnaryOp::Exp, x);
-    let sp = e.unary(UnaryOp::Log1p, ex);
-    // softplus(x) = x for large x (exp overflows), as in mish itself.
-    let large = e.c(20.0);
-    let big = e.compare(CompareDir::Gt, x, large)?;
-    let sp = e.select(big, x, sp)?;
-    let t = e.unary(UnaryOp::Tanh, sp);
+    let t = tanh_softplus(e.b, x)?;
     let s = e.unary(UnaryOp::Logistic, x);
     let one = e.c(1.0);
     let t2 = e.mul(t, t)?;

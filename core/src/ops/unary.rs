@@ -43,6 +43,17 @@ impl Unary {
     }
 }
 
+/// tanh(softplus(x)): mish's factor, and its backward's.
+pub(super) fn tanh_softplus(b: &mut Builder, x: ValueId) -> Result<ValueId> {
+    let e = b.unary(UnaryOp::Exp, x);
+    let sp = b.unary(UnaryOp::Log1p, e);
+    // softplus(x) = x for large x (exp overflows).
+    let large = b.float_like(20.0, x);
+    let big = b.compare(CompareDir::Gt, x, large)?;
+    let sp = b.select(big, x, sp)?;
+    Ok(b.unary(UnaryOp::Tanh, sp))
+}
+
 /// `f(x)` for a float `x`.
 fn apply(b: &mut Builder, f: Unary, x: ValueId) -> Result<ValueId> {
     match f {
@@ -131,13 +142,7 @@ fn composite_unary(
             b.div(t, six)?
         }
         Unary::Mish => {
-            let e = b.unary(UnaryOp::Exp, x);
-            let sp = b.unary(UnaryOp::Log1p, e);
-            // softplus(x) = x for large x (exp overflows).
-            let large = b.float_like(20.0, x);
-            let big = b.compare(CompareDir::Gt, x, large)?;
-            let sp = b.select(big, x, sp)?;
-            let t = b.unary(UnaryOp::Tanh, sp);
+            let t = tanh_softplus(b, x)?;
             b.mul(x, t)?
         }
         Unary::Xla(op) => b.unary(op, x),
