@@ -1,6 +1,8 @@
-// One boxed kernel for every op the core implements: it turns the
-// dispatcher's stack into rtpu_op_args, calls rtpu_op_call, and pushes the
-// results back as tpu tensors (or as the out=/in-place arguments they alias).
+// One boxed kernel for every op the core implements (an instance per op,
+// holding its core id): it turns the dispatcher's stack into rtpu_op_args,
+// calls rtpu_op_call, and pushes the results back as tpu tensors (or as the
+// out=/in-place arguments they alias). The hottest ops have typed kernels
+// too (typed_kernels.cpp), which send the calls they do not take here.
 
 #include "rtpu_torch.h"
 
@@ -21,9 +23,9 @@ namespace {
 
 constexpr c10::DispatchKeySet kKeySet(c10::DispatchKey::PrivateUse1);
 
-// Core op ids, filled once while the library loads and read-only after.
+// Core op ids by schema name, filled once while the library loads and
+// read-only after.
 struct OpTable {
-  std::unordered_map<c10::OperatorName, size_t> by_operator;
   std::unordered_map<std::string, size_t> by_name;
 
   static OpTable& get() {
@@ -31,13 +33,6 @@ struct OpTable {
     return *table;
   }
 };
-
-struct ResultDeleter {
-  void operator()(rtpu_op_result* result) const {
-    rtpu_op_result_destroy(result);
-  }
-};
-using ResultPtr = std::unique_ptr<rtpu_op_result, ResultDeleter>;
 
 // The device an op runs on: its first tpu tensor's, else the current one.
 c10::Device op_device(c10::ArrayRef<c10::IValue> args) {
@@ -63,23 +58,6 @@ c10::Device op_device(c10::ArrayRef<c10::IValue> args) {
     }
   }
   return c10::Device(kDevice, current_device());
-}
-
-// A Python number ATen wrapped as a 0-dim CPU tensor, read from its one
-// element: `item()` would dispatch a CPU op for every recorded op.
-c10::Scalar wrapped_number(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kDouble:
-      return *t.const_data_ptr<double>();
-    case at::kLong:
-      return *t.const_data_ptr<int64_t>();
-    case at::kBool:
-      return *t.const_data_ptr<bool>();
-    case at::kComplexDouble:
-      return *t.const_data_ptr<c10::complex<double>>();
-    default:
-      return t.item();
-  }
 }
 
 // The stack's arguments as rtpu_op_args. Owns everything the args point to.
@@ -202,7 +180,7 @@ class ArgConverter {
       return a;
     }
     if (value.isComplexDouble()) {
-      // Its imaginary part is 0: boxed_kernel sends the others to the CPU.
+      // Its imaginary part is 0: run_core_op sends the others to the CPU.
       auto a = make(RTPU_ARG_DOUBLE);
       a.double_value = value.toComplexDouble().real();
       return a;
@@ -393,35 +371,6 @@ class ArgConverter {
   std::list<std::string> strings_;
 };
 
-// Output `index` of `result`: a new tpu tensor, or the argument it aliases.
-at::Tensor take_output(
-    const c10::FunctionSchema& schema,
-    const rtpu_op_result* result,
-    size_t index,
-    c10::ArrayRef<c10::IValue> args) {
-  rtpu_op_output out{};
-  out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
-  check(rtpu_op_result_get(result, index, &out));
-  if (out.alias_of >= 0) {
-    const auto arg = static_cast<size_t>(out.alias_of);
-    TORCH_CHECK(
-        arg < args.size() && args[arg].isTensor(),
-        "rtpu: ",
-        schema.operator_name(),
-        ": output ",
-        index,
-        " aliases argument ",
-        out.alias_of,
-        ", which is not a tensor argument");
-    return args[arg].toTensor();
-  }
-  if (out.storage == nullptr) {
-    // No tensor: e.g. a gradient that output_mask did not ask for.
-    return at::Tensor();
-  }
-  return new_tensor(out);
-}
-
 // The argument a mutable return writes (same alias set), for out= ops.
 std::optional<size_t> written_argument(
     const c10::FunctionSchema& schema,
@@ -468,40 +417,15 @@ bool holds_imaginary_number(const c10::IValue& value) {
   return false;
 }
 
-// The core's result, or null when the core does not lower this call
-// (UNIMPLEMENTED: e.g. a complex input to a real-only formula); then
-// `not_lowered` says why.
-ResultPtr call(
-    size_t op,
-    const std::vector<rtpu_op_arg>& args,
-    std::string* not_lowered) {
-  // A recorded op keeps its Python line, for errors raised when its graph
-  // runs later; eager errors surface at the call itself.
-  if (rtpu_engine_mode() == RTPU_MODE_DEFERRED) {
-    rtpu_location_set_current(python_location());
-  }
-  rtpu_op_result* raw = nullptr;
-  rtpu_error* error = rtpu_op_call(runtime(), op, args.data(), args.size(), &raw);
-  if (error != nullptr &&
-      rtpu_error_code(error) == RTPU_ERROR_CODE_UNIMPLEMENTED) {
-    *not_lowered = rtpu_error_message(error);
-    rtpu_error_destroy(error);
-    return nullptr;
-  }
-  check(error);
-  return ResultPtr(raw);
-}
-
-void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+// Runs core op `core_op` on the dispatcher's stack. The arguments stay on
+// the stack, unread by anything else, until the results replace them.
+void run_core_op(
+    size_t core_op,
+    const c10::OperatorHandle& op,
+    torch::jit::Stack* stack) {
   const auto& schema = op.schema();
-  const auto& table = OpTable::get().by_operator;
-  const auto found = table.find(schema.operator_name());
-  TORCH_INTERNAL_ASSERT(
-      found != table.end(), "rtpu: no core op for ", schema.operator_name());
-
   const size_t num_args = schema.arguments().size();
-  const std::vector<c10::IValue> args(
-      stack->end() - static_cast<std::ptrdiff_t>(num_args), stack->end());
+  const c10::ArrayRef<c10::IValue> args = torch::jit::last(*stack, num_args);
   for (size_t i = 0; i < num_args; ++i) {
     if (holds_imaginary_number(args[i])) {
       cpu_fallback(
@@ -515,8 +439,9 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   ArgConverter converter(schema, op_device(args));
   std::string not_lowered;
+  const auto converted = converter.convert(args);
   const ResultPtr result =
-      call(found->second, converter.convert(args), &not_lowered);
+      call_core_op(core_op, converted.data(), converted.size(), &not_lowered);
   if (result == nullptr) {
     cpu_fallback(op, stack, not_lowered);
     return;
@@ -526,48 +451,77 @@ void boxed_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<at::Tensor> outputs;
   outputs.reserve(count);
   for (size_t i = 0; i < count; ++i) {
-    outputs.push_back(take_output(schema, result.get(), i, args));
+    outputs.push_back(take_output(
+        schema.operator_name(), result.get(), i, [&](size_t arg) {
+          return arg < args.size() && args[arg].isTensor()
+              ? &args[arg].toTensor()
+              : nullptr;
+        }));
   }
 
-  torch::jit::drop(*stack, num_args);
   const auto& returns = schema.returns();
-  if (returns.empty()) {
-    return;
-  }
-  if (returns.size() == 1 && is_tensor_list(returns[0].type())) {
-    torch::jit::push(*stack, c10::List<at::Tensor>(outputs));
-    return;
-  }
+  const bool one_list =
+      returns.size() == 1 && is_tensor_list(returns[0].type());
   TORCH_CHECK(
-      outputs.size() == returns.size(),
+      returns.empty() || one_list || outputs.size() == returns.size(),
       "rtpu: ",
       schema.operator_name(),
       " returns ",
       returns.size(),
       " values but the core gave ",
       outputs.size());
-  for (size_t i = 0; i < returns.size(); ++i) {
-    at::Tensor value = outputs[i];
-    if (const auto target = written_argument(schema, returns[i])) {
-      // out=: the core computed a new tensor; write it into `out`.
-      const at::Tensor& out = args[*target].toTensor();
-      if (value.defined() && !value.is_same(out)) {
-        TORCH_CHECK(
-            c10::canCast(value.scalar_type(), out.scalar_type()),
-            "rtpu: ",
-            schema.operator_name(),
-            ": result type ",
-            value.scalar_type(),
-            " can't be cast to the desired output type ",
-            out.scalar_type());
-        at::native::resize_output(out, value.sizes());
-        out.copy_(value);
-        value = out;
-      }
+  for (size_t i = 0; i < returns.size() && !one_list; ++i) {
+    const auto target = written_argument(schema, returns[i]);
+    at::Tensor& value = outputs[i];
+    if (!target) {
+      continue;
     }
+    // out=: the core computed a new tensor; write it into `out`.
+    const at::Tensor& out = args[*target].toTensor();
+    if (value.defined() && !value.is_same(out)) {
+      TORCH_CHECK(
+          c10::canCast(value.scalar_type(), out.scalar_type()),
+          "rtpu: ",
+          schema.operator_name(),
+          ": result type ",
+          value.scalar_type(),
+          " can't be cast to the desired output type ",
+          out.scalar_type());
+      at::native::resize_output(out, value.sizes());
+      out.copy_(value);
+      value = out;
+    }
+  }
+
+  torch::jit::drop(*stack, num_args);
+  if (returns.empty()) {
+    return;
+  }
+  if (one_list) {
+    torch::jit::push(*stack, c10::List<at::Tensor>(outputs));
+    return;
+  }
+  for (at::Tensor& value : outputs) {
     torch::jit::push(*stack, std::move(value));
   }
 }
+
+// The kernel registered for one core op: it holds the op's core id, so a
+// call does not look it up by name.
+class CoreOpKernel final : public c10::OperatorKernel {
+ public:
+  explicit CoreOpKernel(size_t core_op) : core_op_(core_op) {}
+
+  void operator()(
+      const c10::OperatorHandle& op,
+      c10::DispatchKeySet /*keys*/,
+      torch::jit::Stack* stack) const {
+    run_core_op(core_op_, op, stack);
+  }
+
+ private:
+  const size_t core_op_;
+};
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   auto& table = OpTable::get();
@@ -603,10 +557,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
       composite.push_back(name);
       continue;
     }
-    table.by_operator.emplace(op_name, i);
-    m.impl(
-        name.substr(prefix.size()).c_str(),
-        torch::CppFunction::makeFromBoxedFunction<&boxed_kernel>());
+    if (!register_typed_kernel(m, name, i, *handle)) {
+      m.impl(
+          name.substr(prefix.size()).c_str(),
+          torch::CppFunction::makeFromBoxedKernel(core_op_boxed_kernel(i)));
+    }
   }
   if (!unknown.empty()) {
     TORCH_WARN(
@@ -623,6 +578,48 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 } // namespace
+
+c10::Scalar wrapped_number(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kDouble:
+      return *t.const_data_ptr<double>();
+    case at::kLong:
+      return *t.const_data_ptr<int64_t>();
+    case at::kBool:
+      return *t.const_data_ptr<bool>();
+    case at::kComplexDouble:
+      return *t.const_data_ptr<c10::complex<double>>();
+    default:
+      return t.item();
+  }
+}
+
+ResultPtr call_core_op(
+    size_t op,
+    const rtpu_op_arg* args,
+    size_t count,
+    std::string* not_lowered) {
+  // A recorded op keeps its Python line, for errors raised when its graph
+  // runs later; eager errors surface at the call itself.
+  if (rtpu_engine_mode() == RTPU_MODE_DEFERRED) {
+    rtpu_location_set_current(python_location());
+  }
+  rtpu_op_result* raw = nullptr;
+  rtpu_error* error = rtpu_op_call(runtime(), op, args, count, &raw);
+  if (error != nullptr &&
+      rtpu_error_code(error) == RTPU_ERROR_CODE_UNIMPLEMENTED) {
+    *not_lowered = rtpu_error_message(error);
+    rtpu_error_destroy(error);
+    return nullptr;
+  }
+  check(error);
+  return ResultPtr(raw);
+}
+
+c10::BoxedKernel core_op_boxed_kernel(size_t core_op) {
+  return c10::BoxedKernel::makeFromFunctor(
+      std::make_unique<CoreOpKernel>(core_op));
+}
 
 at::Tensor new_tensor(const rtpu_op_output& out) {
   // Owned from here on, whatever fails next.
@@ -658,7 +655,9 @@ void device_copy(const at::Tensor& dst, const at::Tensor& src) {
   args[2].bool_value = false;
   std::string not_lowered;
   TORCH_CHECK_NOT_IMPLEMENTED(
-      call(copy_op, args, &not_lowered) != nullptr, "rtpu: ", not_lowered);
+      call_core_op(copy_op, args.data(), args.size(), &not_lowered) != nullptr,
+      "rtpu: ",
+      not_lowered);
 }
 
 } // namespace rtpu_torch

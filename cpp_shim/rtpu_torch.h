@@ -5,12 +5,15 @@
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/boxing/BoxedKernel.h>
+#include <ATen/core/operator_name.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Storage.h>
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -18,6 +21,10 @@
 #include <vector>
 
 #include "rtpu.h"
+
+namespace torch {
+class Library;
+} // namespace torch
 
 namespace rtpu_torch {
 
@@ -119,15 +126,82 @@ void set_internal_paths(const std::vector<std::string>& prefixes);
 
 // ----- boxed_kernel.cpp ----------------------------------------------------
 
+struct ResultDeleter {
+  void operator()(rtpu_op_result* result) const {
+    rtpu_op_result_destroy(result);
+  }
+};
+using ResultPtr = std::unique_ptr<rtpu_op_result, ResultDeleter>;
+
 // A tensor for a new-tensor output of an op result (taking its storage
 // reference).
 at::Tensor new_tensor(const rtpu_op_output& out);
+
+// Output `index` of `result`: a new tpu tensor, no tensor (e.g. a gradient
+// that output_mask did not ask for), or the argument it aliases;
+// `argument(i)` is argument i's tensor, or null when it is not a tensor.
+template <class ArgumentTensor>
+at::Tensor take_output(
+    const c10::OperatorName& op,
+    const rtpu_op_result* result,
+    size_t index,
+    ArgumentTensor argument) {
+  rtpu_op_output out{};
+  out.struct_size = RTPU_OP_OUTPUT_STRUCT_SIZE;
+  check(rtpu_op_result_get(result, index, &out));
+  if (out.alias_of >= 0) {
+    const at::Tensor* aliased = argument(static_cast<size_t>(out.alias_of));
+    TORCH_CHECK(
+        aliased != nullptr,
+        "rtpu: ",
+        op,
+        ": output ",
+        index,
+        " aliases argument ",
+        out.alias_of,
+        ", which is not a tensor argument");
+    return *aliased;
+  }
+  if (out.storage == nullptr) {
+    return at::Tensor();
+  }
+  return new_tensor(out);
+}
+
+// Calls core op `op` (setting the Python line of a recorded op): its
+// result, or null when the core does not lower this call (UNIMPLEMENTED:
+// e.g. a complex input to a real-only formula); then `not_lowered` says
+// why. Throws on any other error.
+ResultPtr call_core_op(
+    size_t op,
+    const rtpu_op_arg* args,
+    size_t count,
+    std::string* not_lowered);
+
+// The boxed kernel of core op `core_op`: it takes every call, converting
+// the dispatcher's stack, and sends what the core does not lower to the
+// CPU.
+c10::BoxedKernel core_op_boxed_kernel(size_t core_op);
+
+// A Python number ATen wrapped as a 0-dim CPU tensor, read from its one
+// element: `item()` would dispatch a CPU op for every recorded op.
+c10::Scalar wrapped_number(const at::Tensor& t);
 
 // The id of a core op by schema name ("aten::copy_"); throws if absent.
 size_t op_id(const char* schema_name);
 
 // Runs core op `op` on (dst, src, false) for a same-device copy.
 void device_copy(const at::Tensor& dst, const at::Tensor& src);
+
+// ----- typed_kernels.cpp ---------------------------------------------------
+
+// Registers a kernel taking its C++ arguments for `name` ("aten::add.Tensor")
+// when it is one of the hot ops that have one, and returns whether it did.
+bool register_typed_kernel(
+    torch::Library& m,
+    const std::string& name,
+    size_t core_op,
+    const c10::OperatorHandle& op);
 
 // ----- collectives.cpp -----------------------------------------------------
 

@@ -2,6 +2,8 @@
 inputs, explicit per-dtype tolerances, non-contiguous inputs, broadcasting,
 in-place writes, and gradients through autograd."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -396,3 +398,73 @@ def test_metrics_count_ops_and_compiles():
     after = rtpu.metrics()
     assert after["ops_run"] >= before["ops_run"] + 6
     assert after["cache_hits"] >= before["cache_hits"] + 4
+
+
+# ----- the hot ops' typed kernels (cpp_shim/typed_kernels.cpp) ---------------
+# They read PyTorch's C++ arguments directly and send every call they do not
+# take as is to the boxed kernel: both paths must give the same results.
+
+F = torch.nn.functional
+TYPED_KERNEL_CALLS = {
+    "gelu_tanh": lambda x, y, w: F.gelu(x, approximate="tanh"),
+    "gelu_backward": lambda x, y, w: torch.ops.aten.gelu_backward(y, x, approximate="tanh"),
+    "sum_all_as_dtype": lambda x, y, w: torch.sum(x, dim=None, dtype=torch.float64),
+    "sum_dims_keepdim": lambda x, y, w: x.sum((0, 1), keepdim=True),
+    "clone_preserve": lambda x, y, w: x.t().clone(memory_format=torch.preserve_format),
+    "addmm_beta_alpha": lambda x, y, w: torch.addmm(y[0], x, w, beta=0.5, alpha=-2),
+    "softmax_backward": lambda x, y, w: torch.ops.aten._softmax_backward_data(y, x.softmax(1), 1, x.dtype),
+    "layer_norm_three_outputs": lambda x, y, w: torch.native_layer_norm(x, [6], w[0], None, 1e-5),
+    "layer_norm_backward_masked": lambda x, y, w: torch.ops.aten.native_layer_norm_backward(
+        y, x, [6], *torch.native_layer_norm(x, [6], w[0], w[1], 1e-5)[1:], w[0], w[1], [True, False, True]
+    ),
+    "nll_loss_ignore_index": lambda x, y, w: F.nll_loss(
+        x.log_softmax(1), torch.tensor([1, 0, 1, 2], device=x.device), ignore_index=1
+    ),
+    "where_scalar_other": lambda x, y, w: torch.where(x > 0, x, 0.5),
+    "zero_dim_cpu_other": lambda x, y, w: x * torch.tensor(3.0),
+    "foreach_sqrt_list": lambda x, y, w: torch.cat(torch._foreach_sqrt([x.abs(), y.abs()])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TYPED_KERNEL_CALLS))
+@pytest.mark.parametrize("in_step", [False, True], ids=["eager", "step"])
+def test_typed_kernels_match_cpu(name, in_step):
+    fn = TYPED_KERNEL_CALLS[name]
+    x, y, w = rand(4, 6), rand(4, 6), rand(6, 6)
+    want = fn(x, y, w)
+    with rtpu.step() if in_step else contextlib.nullcontext():
+        got = fn(x.to(DEVICE), y.to(DEVICE), w.to(DEVICE))
+    for g, e in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+        if e is None:
+            assert g is None
+        else:
+            assert_same(g, e, {**TOLERANCES, torch.float32: (1e-5, 1e-5)})
+
+
+def test_typed_in_place_and_foreach_kernels_write_their_arguments():
+    x, y = rand(5), rand(5)
+    t = x.to(DEVICE)
+    assert t.add_(y.to(DEVICE), alpha=2) is t
+    assert t.mul_(torch.tensor(0.5)) is t  # a 0-dim CPU tensor: the boxed path
+    assert_same(t, (x + 2 * y) * 0.5)
+    params = [rand(3, 2), rand(4)]
+    steps = [rand(3, 2), rand(4)]
+    on_tpu = [p.to(DEVICE) for p in params]
+    torch._foreach_add_(on_tpu, [s.to(DEVICE) for s in steps])
+    torch._foreach_mul_(on_tpu, 0.25)
+    torch._foreach_addcdiv_(on_tpu, on_tpu, [s.abs().to(DEVICE) + 1 for s in steps], value=0.1)
+    torch._foreach_add_(params, steps)
+    torch._foreach_mul_(params, 0.25)
+    torch._foreach_addcdiv_(params, params, [s.abs() + 1 for s in steps], value=0.1)
+    for got, want in zip(on_tpu, params):
+        assert_same(got, want)
+
+
+def test_typed_kernels_send_conjugate_views_to_the_boxed_kernel():
+    # Complex numbers with an imaginary part: test_complex.py's CPU_RUN.
+    z = torch.randn(4, dtype=torch.complex64)
+    u = torch.randn(4, dtype=torch.complex64)
+    got = z.to(DEVICE).conj() * u.to(DEVICE)
+    torch.testing.assert_close(got.cpu(), z.conj() * u)
+    got = u.to(DEVICE).add_(z.to(DEVICE).conj())
+    torch.testing.assert_close(got.cpu(), u + z.conj())
