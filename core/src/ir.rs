@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::sharding::Sharding;
 
@@ -13,14 +14,14 @@ pub type ValueId = usize;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
     pub dtype: DType,
-    pub dims: Vec<i64>,
+    pub dims: Dims,
 }
 
 impl TensorType {
     pub fn new(dtype: DType, dims: &[i64]) -> TensorType {
         TensorType {
             dtype,
-            dims: dims.to_vec(),
+            dims: Dims::from(dims),
         }
     }
 

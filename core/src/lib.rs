@@ -5,6 +5,7 @@
 //! crate in `ffi/` is the C face of it.
 
 pub mod builder;
+pub mod dims;
 pub mod dist;
 pub mod dtype;
 pub mod engine;
@@ -17,5 +18,6 @@ pub mod runtime;
 pub mod sharding;
 pub mod storage;
 
+pub use dims::Dims;
 pub use dtype::DType;
 pub use error::{Error, ErrorCode, Result};

@@ -61,8 +61,8 @@ fn view_of(
         storage: base.storage.clone(),
         view: View {
             offset,
-            sizes: sizes.to_vec(),
-            strides: strides.to_vec(),
+            sizes: sizes.into(),
+            strides: strides.into(),
             dtype,
         },
     }

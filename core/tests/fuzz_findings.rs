@@ -234,8 +234,8 @@ fn strided(elements: usize, sizes: &[i64], strides: &[i64]) -> TensorArg {
         storage: Storage::new(common::cpu_client(), 0, elements * 4).unwrap(),
         view: View {
             offset: 0,
-            sizes: sizes.to_vec(),
-            strides: strides.to_vec(),
+            sizes: sizes.into(),
+            strides: strides.into(),
             dtype: DType::F32,
         },
     }

@@ -82,8 +82,8 @@ fn a_sharded_storage_reads_back_whole_and_holds_one_tile_per_device() {
     // A strided view of it reads through the gather too.
     let column = View {
         offset: 1,
-        sizes: vec![8],
-        strides: vec![6],
+        sizes: [8].into(),
+        strides: [6].into(),
         dtype: DType::F32,
     };
     let got = f32s_from(&x.storage.read_view(&column).unwrap());

@@ -492,7 +492,7 @@ unsafe fn dense_tensor(input: &rtpu_tensor_ref) -> Result<Tensor, FfiError> {
         StorageValue::Buffer { buffer, dtype } if dtype == view.dtype => Ok(Tensor {
             buffer,
             dtype,
-            dims: view.sizes,
+            dims: view.sizes.into(),
         }),
         StorageValue::Buffer { dtype, .. } => Err(FfiError::invalid(format!(
             "args.input is read as {} but its storage holds {dtype}",

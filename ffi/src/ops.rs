@@ -216,13 +216,6 @@ unsafe fn convert_arg(arg: &rtpu_op_arg, index: usize) -> Result<Arg, FfiError> 
     })
 }
 
-/// An output with its view arrays kept alive for C.
-struct ResultOutput {
-    output: Output,
-    sizes: Vec<i64>,
-    strides: Vec<i64>,
-}
-
 /// Runs op `op` (an index below `rtpu_op_count()`) on the runtime's devices.
 /// The op is checked (shapes, dtypes, index ranges) and enqueued on the
 /// device; in-place outputs take their new values before this returns, and
@@ -262,30 +255,17 @@ pub extern "C" fn rtpu_op_call(
     })
 }
 
-/// An owned `rtpu_op_result` holding `outputs`.
+/// An owned `rtpu_op_result` holding `outputs`; a new output's sizes and
+/// strides are handed to C from its view, which the result keeps.
 pub(crate) fn result_into_raw(outputs: Vec<Output>) -> *mut rtpu_op_result {
-    let outputs: Vec<ResultOutput> = outputs
-        .into_iter()
-        .map(|output| {
-            let (sizes, strides) = match &output {
-                Output::New { view, .. } => (view.sizes.clone(), view.strides.clone()),
-                Output::Alias(_) | Output::None => (Vec::new(), Vec::new()),
-            };
-            ResultOutput {
-                output,
-                sizes,
-                strides,
-            }
-        })
-        .collect();
     Box::into_raw(Box::new(outputs)).cast()
 }
 
 /// # Safety
 /// A non-NULL `result` must be a live handle from `rtpu_op_call`.
-unsafe fn result_ref<'a>(result: *const rtpu_op_result) -> Result<&'a Vec<ResultOutput>, FfiError> {
+unsafe fn result_ref<'a>(result: *const rtpu_op_result) -> Result<&'a Vec<Output>, FfiError> {
     // SAFETY: guaranteed by the caller.
-    unsafe { non_null(result.cast::<Vec<ResultOutput>>(), "result") }
+    unsafe { non_null(result.cast::<Vec<Output>>(), "result") }
 }
 
 /// The number of outputs. NULL gives 0.
@@ -318,7 +298,7 @@ pub extern "C" fn rtpu_op_result_get(
                 result.len()
             ))
         })?;
-        let output = match &item.output {
+        let output = match item {
             Output::Alias(arg) => rtpu_op_output {
                 struct_size: given,
                 alias_of: *arg as i64,
@@ -336,9 +316,9 @@ pub extern "C" fn rtpu_op_result_get(
                     storage: storage_into_raw(storage.clone()),
                     alias_of: -1,
                     storage_offset: view.offset,
-                    sizes: item.sizes.as_ptr(),
-                    strides: item.strides.as_ptr(),
-                    ndim: item.sizes.len(),
+                    sizes: view.sizes.as_ptr(),
+                    strides: view.strides.as_ptr(),
+                    ndim: view.sizes.len(),
                     dtype,
                 }
             }
@@ -355,7 +335,5 @@ pub extern "C" fn rtpu_op_result_get(
 pub extern "C" fn rtpu_op_result_destroy(result: *mut rtpu_op_result) {
     // SAFETY: a non-NULL `result` came from `result_into_raw`; destroyed
     // once.
-    infallible((), || unsafe {
-        drop_boxed(result.cast::<Vec<ResultOutput>>())
-    })
+    infallible((), || unsafe { drop_boxed(result.cast::<Vec<Output>>()) })
 }

@@ -82,8 +82,8 @@ pub(crate) unsafe fn tensor_view(
     let strides = unsafe { slice(tensor.strides, tensor.ndim, "strides") }.map_err(named)?;
     let view = View {
         offset: tensor.storage_offset,
-        sizes: sizes.to_vec(),
-        strides: strides.to_vec(),
+        sizes: sizes.into(),
+        strides: strides.into(),
         dtype: dtype_from_c(tensor.dtype)?,
     };
     // SAFETY: checked non-NULL and live above.

@@ -2,6 +2,7 @@
 //! dtypes so a mismatch is an error, not a bad program.
 
 use super::{Arg, Builder, ParamSource};
+use crate::dims::Dims;
 use crate::dtype::{Category, DType};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, ConvWindow, Literal, Node, TensorType, UnaryOp, ValueId};
@@ -13,7 +14,7 @@ impl<'a> Builder<'a> {
         self.graph.ty(v)
     }
 
-    pub fn dims(&self, v: ValueId) -> Vec<i64> {
+    pub fn dims(&self, v: ValueId) -> Dims {
         self.graph.ty(v).dims.clone()
     }
 

@@ -15,6 +15,7 @@ mod views;
 
 use std::sync::Arc;
 
+use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, ValueId};
@@ -132,7 +133,7 @@ pub(crate) struct StorageSlot {
 
 pub(crate) enum PendingOutput {
     Alias(usize),
-    New { value: ValueId, sizes: Vec<i64> },
+    New { value: ValueId, sizes: Dims },
     None,
 }
 

@@ -22,6 +22,7 @@ use rustc_hash::{FxHashMap, FxHasher};
 use super::deferred::RecordedOp;
 use super::disk_cache::{env_count, DiskEntry};
 use super::location::location_text;
+use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, TensorType};
@@ -47,7 +48,7 @@ pub(crate) struct Provenance<'a> {
 #[derive(Clone, Debug)]
 pub(crate) struct ReadAs {
     pub dtype: DType,
-    pub sizes: Vec<i64>,
+    pub sizes: Dims,
     pub from: ReadFrom,
 }
 

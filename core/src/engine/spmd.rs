@@ -294,7 +294,7 @@ fn partitioned(
                 };
                 program.outputs.push(value);
                 output_shardings.push(None);
-                output_dims.push(program.nodes[value].1.dims.clone());
+                output_dims.push(program.nodes[value].1.dims.to_vec());
             }
         }
     }

@@ -8,6 +8,7 @@ use super::{
     result_type, wrap_dim, Arith, Form, OpDef, Pass,
 };
 use crate::builder::{Arg, Builder};
+use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, UnaryOp, ValueId};
@@ -16,7 +17,7 @@ use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, UnaryOp, ValueId};
 /// arguments in that shape, and the builder's own ops through `Deref`.
 struct Ew<'b, 'a> {
     b: &'b mut Builder<'a>,
-    dims: Vec<i64>,
+    dims: Dims,
     dtype: DType,
 }
 
@@ -60,7 +61,7 @@ fn grad_and_input(
     b: &mut Builder,
     grad_index: usize,
     x_index: usize,
-) -> Result<(ValueId, ValueId, DType, Vec<i64>)> {
+) -> Result<(ValueId, ValueId, DType, Dims)> {
     let (x, dtype, dims) = float_input(b, x_index)?;
     let wide = accumulate_dtype(dtype);
     let x = b.convert(x, wide);

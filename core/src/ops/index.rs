@@ -11,6 +11,7 @@ use super::{
     OpDef,
 };
 use crate::builder::{Arg, Builder, TensorArg};
+use crate::dims::Dims;
 use crate::dtype::{Category, DType};
 use crate::error::{Error, Result};
 use crate::ir::{CompareDir, Literal, ReduceOp, ValueId};
@@ -217,7 +218,7 @@ fn host_advanced_index(
                     per_dim.push(Some((c, vec![n])));
                 }
             }
-            Some(t) => per_dim.push(Some((host_values(&t)?, t.view.sizes.clone()))),
+            Some(t) => per_dim.push(Some((host_values(&t)?, t.view.sizes.to_vec()))),
         }
     }
     if per_dim.len() > sizes.len() {
@@ -488,7 +489,7 @@ fn take(b: &mut Builder) -> Result<()> {
 
 /// The bool mask (argument 1) and the shape it and self (argument 0)
 /// broadcast to, which in place must be self's.
-pub(super) fn bool_mask(b: &Builder, form: Form) -> Result<(TensorArg, Vec<i64>)> {
+pub(super) fn bool_mask(b: &Builder, form: Form) -> Result<(TensorArg, Dims)> {
     let sizes = b.tensor_arg(0)?.view.sizes.clone();
     let mask = b.tensor_arg(1)?.clone();
     if mask.view.dtype != DType::Bool {

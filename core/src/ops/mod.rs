@@ -41,6 +41,7 @@ mod unary;
 use std::sync::OnceLock;
 
 use crate::builder::{Arg, Builder};
+use crate::dims::Dims;
 use crate::dtype::{Category, DType};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
@@ -254,7 +255,10 @@ pub(crate) fn operand(b: &mut Builder, index: usize, dtype: DType) -> Result<Val
 }
 
 /// The broadcast shape of several shapes (NumPy rules), or a clear error.
-pub(crate) fn broadcast_shapes(b: &Builder, shapes: &[Vec<i64>]) -> Result<Vec<i64>> {
+pub(crate) fn broadcast_shapes(
+    b: &Builder,
+    shapes: &[impl AsRef<[i64]> + std::fmt::Debug],
+) -> Result<Dims> {
     broadcast_shapes_of(b, "shapes", shapes)
 }
 
@@ -262,11 +266,12 @@ pub(crate) fn broadcast_shapes(b: &Builder, shapes: &[Vec<i64>]) -> Result<Vec<i
 pub(crate) fn broadcast_shapes_of(
     b: &Builder,
     what: &str,
-    shapes: &[Vec<i64>],
-) -> Result<Vec<i64>> {
-    let rank = shapes.iter().map(Vec::len).max().unwrap_or(0);
-    let mut out = vec![1i64; rank];
+    shapes: &[impl AsRef<[i64]> + std::fmt::Debug],
+) -> Result<Dims> {
+    let rank = shapes.iter().map(|s| s.as_ref().len()).max().unwrap_or(0);
+    let mut out = Dims::filled(1, rank);
     for shape in shapes {
+        let shape = shape.as_ref();
         let lead = rank - shape.len();
         for (i, &s) in shape.iter().enumerate() {
             let o = &mut out[lead + i];
@@ -286,7 +291,7 @@ pub(crate) fn broadcast_shapes_of(
 
 /// Broadcasts values to their common shape.
 pub(crate) fn broadcast_all(b: &mut Builder, values: &[ValueId]) -> Result<Vec<ValueId>> {
-    let shapes: Vec<Vec<i64>> = values.iter().map(|&v| b.dims(v)).collect();
+    let shapes: Vec<&[i64]> = values.iter().map(|&v| &b.ty(v).dims[..]).collect();
     let target = broadcast_shapes(b, &shapes)?;
     values.iter().map(|&v| b.broadcast_to(v, &target)).collect()
 }
@@ -424,7 +429,7 @@ pub(crate) fn ensure(
 }
 
 /// Float tensor argument `index`: its value, dtype and sizes.
-pub(crate) fn float_input(b: &mut Builder, index: usize) -> Result<(ValueId, DType, Vec<i64>)> {
+pub(crate) fn float_input(b: &mut Builder, index: usize) -> Result<(ValueId, DType, Dims)> {
     let view = b.tensor_arg(index)?.view.clone();
     require_float(b, "input", view.dtype)?;
     let x = b.tensor(index)?;

@@ -6,6 +6,7 @@
 use super::index::{host_values, plane_positions};
 use super::{accumulate_dtype, ensure, float_input, output_as, Arith, OpDef};
 use crate::builder::{Arg, Builder};
+use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, ValueId};
@@ -232,7 +233,7 @@ fn window_index(
 }
 
 /// The float input (argument 0), flattened for gathers.
-fn flat_input(b: &mut Builder) -> Result<(ValueId, DType, Vec<i64>)> {
+fn flat_input(b: &mut Builder) -> Result<(ValueId, DType, Dims)> {
     let (x, dtype, sizes) = float_input(b, 0)?;
     let x = b.reshape(x, &[sizes.iter().product()])?;
     Ok((x, dtype, sizes))

@@ -5,6 +5,7 @@
 
 use super::{broadcast_scalar, require_float, wide_float, OpDef};
 use crate::builder::{Arg, Builder};
+use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, UnaryOp, ValueId};
@@ -82,7 +83,7 @@ fn box_muller(b: &mut Builder, u1: ValueId, u2: ValueId) -> Result<ValueId> {
 }
 
 /// The random ops need a floating-point destination.
-fn float_destination(b: &Builder) -> Result<(DType, Vec<i64>)> {
+fn float_destination(b: &Builder) -> Result<(DType, Dims)> {
     let view = &b.tensor_arg(0)?.view;
     require_float(b, "self", view.dtype)?;
     Ok((view.dtype, view.sizes.clone()))

@@ -8,6 +8,7 @@ use super::{
     require_float, require_nonempty_dim, wrap_dim, wrap_dims, Arith, Form, OpDef,
 };
 use crate::builder::{Arg, Builder};
+use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, CompareDir, Literal, ReduceOp, UnaryOp, ValueId};
@@ -90,7 +91,7 @@ fn arg_extreme(b: &mut Builder, op: ReduceOp) -> Result<()> {
         None => {
             let n = input.numel() as i64;
             x = b.reshape(x, &[n])?;
-            (0, vec![n])
+            (0, Dims::from([n]))
         }
     };
     require_nonempty_dim(b, dims.get(d).copied().unwrap_or(1), &input.sizes)?;

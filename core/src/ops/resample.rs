@@ -9,6 +9,7 @@
 use super::index::bytes_of;
 use super::{require_float, OpDef, Pass};
 use crate::builder::{Arg, Builder};
+use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Literal, ValueId};
@@ -208,11 +209,11 @@ pub(super) fn spatial(b: &Builder, sizes: &[i64], k: usize) -> Result<Vec<i64>> 
 
 /// The output sizes (argument 1), the input sizes (argument 0's, or the
 /// backward's `input_size` argument 2) and its `k` spatial sizes.
-fn upsample_sizes(b: &Builder, k: usize, pass: Pass) -> Result<(Vec<i64>, Vec<i64>, Vec<i64>)> {
+fn upsample_sizes(b: &Builder, k: usize, pass: Pass) -> Result<(Vec<i64>, Dims, Vec<i64>)> {
     let out = b.int_list_arg(1)?;
     let sizes = match pass {
         Pass::Forward => b.tensor_arg(0)?.view.sizes.clone(),
-        Pass::Backward => b.int_list_arg(2)?,
+        Pass::Backward => b.int_list_arg(2)?.into(),
     };
     let input = spatial(b, &sizes, k)?;
     if out.len() != k {

@@ -138,7 +138,7 @@ fn roll(b: &mut Builder) -> Result<()> {
             .zip(&dims)
             .map(|(&s, &d)| wrap_dim(b, d, view.sizes.len()).map(|d| (s, d)))
             .collect::<Result<_>>()?;
-        (view.sizes.clone(), pairs)
+        (view.sizes.to_vec(), pairs)
     };
     x = b.reshape(x, &work)?;
     for (shift, d) in pairs {

@@ -2,6 +2,7 @@
 
 use super::{accumulate_dtype, at_least_1d, require_float, wrap_dim, OpDef};
 use crate::builder::Builder;
+use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ir::{BinaryOp, ReduceOp, UnaryOp, ValueId};
@@ -18,7 +19,7 @@ fn reduce_keep(b: &mut Builder, x: ValueId, op: ReduceOp, dim: usize) -> ValueId
 
 /// The softmax input as a float value and its (wrapped) dim; a 0-d input
 /// is treated as 1-element.
-fn softmax_input(b: &mut Builder) -> Result<(ValueId, usize, Vec<i64>)> {
+fn softmax_input(b: &mut Builder) -> Result<(ValueId, usize, Dims)> {
     let view = b.tensor_arg(0)?.view.clone();
     require_float(b, "input", view.dtype)?;
     let dim = wrap_dim(b, b.int_arg(1)?, view.sizes.len())?;

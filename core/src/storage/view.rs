@@ -4,6 +4,7 @@
 
 use std::ops::Range;
 
+use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
@@ -11,8 +12,8 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct View {
     pub offset: i64,
-    pub sizes: Vec<i64>,
-    pub strides: Vec<i64>,
+    pub sizes: Dims,
+    pub strides: Dims,
     pub dtype: DType,
 }
 
@@ -20,13 +21,13 @@ impl View {
     /// A contiguous view of `sizes` starting at element 0. Strides past
     /// 2^63 (only an empty view's sizes can ask for them) saturate.
     pub fn contiguous(sizes: &[i64], dtype: DType) -> View {
-        let mut strides = vec![1i64; sizes.len()];
+        let mut strides = Dims::filled(1, sizes.len());
         for i in (0..sizes.len().saturating_sub(1)).rev() {
             strides[i] = strides[i + 1].saturating_mul(sizes[i + 1].max(1));
         }
         View {
             offset: 0,
-            sizes: sizes.to_vec(),
+            sizes: Dims::from(sizes),
             strides,
             dtype,
         }
