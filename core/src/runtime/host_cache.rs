@@ -18,8 +18,19 @@
 //! 1 GiB, oldest given back first) and handed out again for a request of the
 //! same size; one that no request claims while 16 later ones are kept goes
 //! back too. `release` frees every kept block (`torch.tpu.empty_cache()`).
-//! Every block is a genuine glibc allocation, so one freed by another path
-//! stays valid memory; see `untrack`.
+//! Every large block is a genuine glibc allocation, so one freed by another
+//! path stays valid memory; see `untrack`.
+//!
+//! The plugin's smaller aligned blocks come from mimalloc instead (librtpu's
+//! own allocator): glibc serves an aligned request by carving a larger
+//! chunk and freeing its ends, ~650 instructions for each of the five
+//! aligned blocks an eager op's launch asks for (its output buffer and the
+//! plugin's 64-byte-aligned bookkeeping, `operator new` with an alignment),
+//! and more to free them; mimalloc takes ~60. They go back through the same
+//! GOT entries (`free`, `realloc`, aligned `operator delete`), which give
+//! mimalloc what is its (`mi_is_in_heap_region`) and glibc the rest, so a
+//! block the plugin got from glibc before `install` or through another path
+//! is freed where it came from.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void, CStr};
@@ -223,15 +234,38 @@ pub fn release() -> u64 {
     bytes
 }
 
+// mimalloc's ownership test (its "extended" API, which the Rust bindings
+// gate behind a feature needing another crate; the function is in the
+// library either way).
+extern "C" {
+    fn mi_is_in_heap_region(ptr: *const c_void) -> bool;
+}
+
+/// Whether `ptr` is a block mimalloc handed out (null is not).
+fn from_mimalloc(ptr: *const c_void) -> bool {
+    // SAFETY: only compares the address with mimalloc's reserved regions.
+    !ptr.is_null() && unsafe { mi_is_in_heap_region(ptr) }
+}
+
+/// A small block from mimalloc; null when it has no memory.
+fn small_block(size: usize, align: usize) -> *mut c_void {
+    // SAFETY: `align` is a power of two; a size of 0 still gets a unique
+    // block, as glibc gives.
+    unsafe { libmimalloc_sys::mi_malloc_aligned(size.max(1), align) }
+}
+
 // The plugin's allocation functions, once `install` has redirected them.
 
 extern "C" fn cached_posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
     let valid_align = align.is_power_of_two() && align % std::mem::size_of::<usize>() == 0;
-    if size < MIN_CACHED_BYTES || !valid_align {
-        // SAFETY: the plugin's own arguments, passed through unchanged.
+    if !valid_align {
+        // SAFETY: the plugin's own arguments: glibc returns EINVAL.
         return unsafe { libc::posix_memalign(out, align, size) };
     }
-    let ptr = take(size, align);
+    let ptr = match size < MIN_CACHED_BYTES {
+        true => small_block(size, align),
+        false => take(size, align),
+    };
     if ptr.is_null() {
         return libc::ENOMEM;
     }
@@ -241,14 +275,21 @@ extern "C" fn cached_posix_memalign(out: *mut *mut c_void, align: usize, size: u
 }
 
 extern "C" fn cached_aligned_alloc(align: usize, size: usize) -> *mut c_void {
-    if size < MIN_CACHED_BYTES || !align.is_power_of_two() {
+    if !align.is_power_of_two() {
         // SAFETY: the plugin's own arguments, passed through unchanged.
         return unsafe { libc::aligned_alloc(align, size) };
     }
-    take(size, align.max(std::mem::size_of::<usize>()))
+    match size < MIN_CACHED_BYTES {
+        true => small_block(size, align),
+        false => take(size, align.max(std::mem::size_of::<usize>())),
+    }
 }
 
 extern "C" fn cached_free(ptr: *mut c_void) {
+    if from_mimalloc(ptr) {
+        // SAFETY: a block mimalloc handed out, which the plugin gives up.
+        return unsafe { libmimalloc_sys::mi_free(ptr) };
+    }
     match untrack(ptr) {
         Some(block) => keep(block),
         // SAFETY: the plugin frees what it allocated; null is allowed.
@@ -257,10 +298,77 @@ extern "C" fn cached_free(ptr: *mut c_void) {
 }
 
 extern "C" fn cached_realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
+    if from_mimalloc(ptr) {
+        // SAFETY: a live mimalloc block of the plugin's.
+        return unsafe { libmimalloc_sys::mi_realloc(ptr, size) };
+    }
     // A tracked block changes hands to glibc's realloc, which may free it.
     untrack(ptr);
     // SAFETY: the plugin's own arguments, passed through unchanged.
     unsafe { libc::realloc(ptr, size) }
+}
+
+/// `operator new(size_t, std::align_val_t)` as the C++ runtime defines it,
+/// which throws `std::bad_alloc` when memory runs out.
+type AlignedNew = unsafe extern "C-unwind" fn(usize, usize) -> *mut c_void;
+/// `operator delete(void*, std::align_val_t)` as the C++ runtime defines it.
+type AlignedDelete = unsafe extern "C" fn(*mut c_void, usize);
+
+/// The process's definition of the C++ runtime function `name` (a
+/// sanitizer's where one intercepts it).
+fn runtime_function(name: &CStr) -> *mut c_void {
+    // SAFETY: looks up a symbol by its NUL-terminated name.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+}
+
+fn runtime_aligned_new() -> Option<AlignedNew> {
+    static FOUND: OnceLock<Option<AlignedNew>> = OnceLock::new();
+    *FOUND.get_or_init(|| {
+        let f = runtime_function(c"_ZnwmSt11align_val_t");
+        // SAFETY: the symbol is that operator, with this signature.
+        (!f.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, AlignedNew>(f) })
+    })
+}
+
+fn runtime_aligned_delete() -> Option<AlignedDelete> {
+    static FOUND: OnceLock<Option<AlignedDelete>> = OnceLock::new();
+    *FOUND.get_or_init(|| {
+        let f = runtime_function(c"_ZdlPvSt11align_val_t");
+        // SAFETY: the symbol is that operator, with this signature.
+        (!f.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, AlignedDelete>(f) })
+    })
+}
+
+// The plugin's over-aligned `new` and `delete`: tensors' and events'
+// bookkeeping on every launch. When mimalloc has no memory, the C++
+// runtime's `new` answers, throwing as it would have (through this frame:
+// "C-unwind").
+extern "C-unwind" fn small_aligned_new(size: usize, align: usize) -> *mut c_void {
+    let ptr = small_block(size, align);
+    match (ptr.is_null(), runtime_aligned_new()) {
+        // SAFETY: the plugin's own arguments, passed to the operator it called.
+        (true, Some(new)) => unsafe { new(size, align) },
+        _ => ptr,
+    }
+}
+
+extern "C" fn small_aligned_new_nothrow(
+    size: usize,
+    align: usize,
+    _: *const c_void,
+) -> *mut c_void {
+    small_block(size, align)
+}
+
+extern "C" fn small_aligned_delete(ptr: *mut c_void, align: usize) {
+    match (from_mimalloc(ptr), runtime_aligned_delete()) {
+        // SAFETY: a block mimalloc handed out, which the plugin gives up.
+        (true, _) => unsafe { libmimalloc_sys::mi_free(ptr) },
+        // SAFETY: a block of the C++ runtime's `new` (made before `install`,
+        // or when mimalloc had no memory), given back to it.
+        (false, Some(delete)) => unsafe { delete(ptr, align) },
+        (false, None) => {}
+    }
 }
 
 /// The functions redirected, by the name the plugin imports them under.
@@ -270,6 +378,9 @@ fn replacement(name: &[u8]) -> Option<usize> {
         b"aligned_alloc" => cached_aligned_alloc as *const (),
         b"free" => cached_free as *const (),
         b"realloc" => cached_realloc as *const (),
+        b"_ZnwmSt11align_val_t" => small_aligned_new as *const (),
+        b"_ZnwmSt11align_val_tRKSt9nothrow_t" => small_aligned_new_nothrow as *const (),
+        b"_ZdlPvSt11align_val_t" => small_aligned_delete as *const (),
         _ => return None,
     };
     Some(f as usize)
@@ -507,6 +618,60 @@ mod tests {
         // SAFETY: a valid alignment; the test frees the block.
         assert_eq!(unsafe { libc::posix_memalign(&mut ptr, 64, size) }, 0);
         ptr
+    }
+
+    #[test]
+    fn small_aligned_blocks_come_from_mimalloc_and_go_back_where_they_came_from() {
+        // The C++ runtime, as the plugin loads it (this test binary does not).
+        // SAFETY: loads a system library by name.
+        let cxx = unsafe {
+            libc::dlopen(
+                c"libstdc++.so.6".as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_GLOBAL,
+            )
+        };
+        assert!(!cxx.is_null());
+        for (size, align) in [
+            (0, 64),
+            (1, 8),
+            (256, 64),
+            (4000, 128),
+            (MIN_CACHED_BYTES - 1, 4096),
+        ] {
+            let mut ptr = std::ptr::null_mut();
+            assert_eq!(cached_posix_memalign(&mut ptr, align, size), 0);
+            assert!(
+                from_mimalloc(ptr) && ptr as usize % align == 0,
+                "{size} bytes at {align}"
+            );
+            // SAFETY: the block holds at least `size` bytes.
+            unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 7, size) };
+            let grown = cached_realloc(ptr, size + 100);
+            // SAFETY: realloc kept the first `size` bytes.
+            assert!(size == 0 || unsafe { *grown.cast::<u8>().add(size - 1) } == 7);
+            cached_free(grown);
+            let ptr = cached_aligned_alloc(align, size);
+            assert!(from_mimalloc(ptr) && ptr as usize % align == 0);
+            cached_free(ptr);
+            let ptr = small_aligned_new(size, align);
+            assert!(from_mimalloc(ptr) && ptr as usize % align == 0);
+            small_aligned_delete(ptr, align);
+            let ptr = small_aligned_new_nothrow(size, align, std::ptr::null());
+            assert!(from_mimalloc(ptr));
+            small_aligned_delete(ptr, align);
+        }
+        // A glibc block (one the plugin had before `install`) goes to glibc,
+        // a C++ runtime one to its `delete`.
+        let ptr = glibc_block(256);
+        assert!(!from_mimalloc(ptr));
+        cached_free(ptr);
+        let new = runtime_aligned_new().expect("the C++ runtime's aligned new");
+        // SAFETY: a valid size and alignment.
+        let ptr = unsafe { new(256, 64) };
+        assert!(!from_mimalloc(ptr));
+        small_aligned_delete(ptr, 64);
+        cached_free(std::ptr::null_mut());
+        assert!(!from_mimalloc(std::ptr::null()));
     }
 
     #[test]
