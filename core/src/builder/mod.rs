@@ -13,12 +13,13 @@
 mod emit;
 mod views;
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{Graph, ValueId};
+use crate::ir::{Graph, Node, TensorType, ValueId};
 use crate::runtime::{Buffer, Client};
 use crate::storage::{Storage, View};
 
@@ -154,6 +155,43 @@ pub struct Builder<'a> {
     pub(crate) checks: Vec<(ValueId, Error)>,
 }
 
+/// A builder's vectors, emptied, kept for the next builder on its thread.
+#[derive(Default)]
+struct Room {
+    params: Vec<TensorType>,
+    nodes: Vec<(Node, TensorType)>,
+    sources: Vec<ParamSource>,
+    slots: Vec<StorageSlot>,
+    outputs: Vec<PendingOutput>,
+    checks: Vec<(ValueId, Error)>,
+}
+
+thread_local! {
+    static SPARE_ROOM: Cell<Option<Room>> = const { Cell::new(None) };
+}
+
+impl Drop for Builder<'_> {
+    /// Keeps the vectors (those the engine did not take) for the next op.
+    fn drop(&mut self) {
+        let mut room = Room {
+            params: std::mem::take(&mut self.graph.params),
+            nodes: std::mem::take(&mut self.graph.nodes),
+            sources: std::mem::take(&mut self.sources),
+            slots: std::mem::take(&mut self.slots),
+            outputs: std::mem::take(&mut self.outputs),
+            checks: std::mem::take(&mut self.checks),
+        };
+        room.params.clear();
+        room.nodes.clear();
+        room.sources.clear();
+        room.slots.clear();
+        room.outputs.clear();
+        room.checks.clear();
+        // A thread that is exiting keeps nothing.
+        let _ = SPARE_ROOM.try_with(|spare| spare.set(Some(room)));
+    }
+}
+
 /// The execution mode: how the graph being built will run, which is what
 /// its lowering may rely on (the engine's `mode` module switches it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,23 +233,30 @@ impl<'a> Builder<'a> {
         }
         // Room for what most ops make, so building one does not regrow its
         // vectors op after op: a parameter and a slot per tensor input (plus
-        // scalar inputs), a few nodes per input.
+        // scalar inputs), a few nodes per input. The vectors are the last
+        // builder's on this thread (see `Drop`), so most ops allocate none.
         let params = inputs + 2;
+        let mut room = SPARE_ROOM.with(Cell::take).unwrap_or_default();
+        room.params.reserve(params);
+        room.nodes.reserve(4 * params);
+        room.sources.reserve(params);
+        room.slots.reserve(inputs + 1);
+        room.outputs.reserve(1);
         Ok(Builder {
             client,
             op,
             args,
             graph: Graph {
-                params: Vec::with_capacity(params),
-                nodes: Vec::with_capacity(4 * params),
+                params: room.params,
+                nodes: room.nodes,
                 ..Graph::default()
             },
-            sources: Vec::with_capacity(params),
-            slots: Vec::with_capacity(inputs + 1),
-            outputs: Vec::with_capacity(1),
+            sources: room.sources,
+            slots: room.slots,
+            outputs: room.outputs,
             device_index: None,
             mode,
-            checks: Vec::new(),
+            checks: room.checks,
         })
     }
 

@@ -371,19 +371,11 @@ impl PendingGraph {
 
 /// Records a built op into its device's pending graph and returns its
 /// outputs, whose new storages are pending.
-pub(super) fn record(builder: Builder<'_>, device_index: usize) -> Result<Vec<Output>> {
-    let Builder {
-        client,
-        op,
-        graph,
-        sources,
-        slots,
-        outputs,
-        checks,
-        ..
-    } = builder;
-    let params = sources
-        .into_iter()
+pub(super) fn record(mut builder: Builder<'_>, device_index: usize) -> Result<Vec<Output>> {
+    let (client, op) = (builder.client, builder.op);
+    let params = builder
+        .sources
+        .drain(..)
         .map(|source| match source {
             ParamSource::Recorded { storage, view } => SplicedParam::Storage { storage, view },
             ParamSource::Storage(buffer) => SplicedParam::Buffer(buffer),
@@ -393,12 +385,13 @@ pub(super) fn record(builder: Builder<'_>, device_index: usize) -> Result<Vec<Ou
     let mut all = pending();
     let index = graph_for(&mut all, client, device_index);
     let pg = &mut all[index];
-    let remap = pg.splice(graph.nodes, params, op)?;
-    for slot in slots.iter().filter(|s| s.written) {
+    // Drained, not moved: the builder keeps its vectors for the next op.
+    let remap = pg.splice(builder.graph.nodes.drain(..), params, op)?;
+    for slot in builder.slots.iter().filter(|s| s.written) {
         pg.write_storage(&slot.storage, remap[slot.flat]);
     }
-    let mut results = Vec::with_capacity(outputs.len());
-    for out in outputs {
+    let mut results = Vec::with_capacity(builder.outputs.len());
+    for out in builder.outputs.drain(..) {
         results.push(match out {
             PendingOutput::Alias(i) => Output::Alias(i),
             PendingOutput::None => Output::None,
@@ -412,7 +405,7 @@ pub(super) fn record(builder: Builder<'_>, device_index: usize) -> Result<Vec<Ou
             }
         });
     }
-    for (flag, error) in checks {
+    for (flag, error) in builder.checks.drain(..) {
         pg.checks
             .push((remap[flag], (error.code(), error.to_string()), pg.ops.len()));
     }
