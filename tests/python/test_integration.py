@@ -110,7 +110,12 @@ def test_an_optimizer_made_before_the_move_trains_the_moved_model():
     assert model.head.weight is model.embed.weight
     assert not torch.equal(model.embed.weight.detach().cpu(), initial)
     assert all(s["exp_avg"].is_tpu for s in optimizer.state.values())
-    torch.testing.assert_close(model.embed.weight.detach().cpu(), reference.embed.weight.detach(), rtol=1e-5, atol=1e-6)
+    # AdamW moves an element by lr * m / (sqrt(v) + eps): where the tied
+    # gradients nearly cancel (|g| ~ eps) float rounding alone moves it by up
+    # to a good part of lr (seed 4483525954372256336: 1e-4 on CPU against
+    # tpu, at lr 1e-2), while a parameter the optimizer missed would be
+    # STEPS * lr off.
+    torch.testing.assert_close(model.embed.weight.detach().cpu(), reference.embed.weight.detach(), rtol=1e-5, atol=1e-3)
 
 
 def tiny_gpt2():
