@@ -118,7 +118,11 @@ module @sum_and_product {
     let total: f32 = prod.iter().sum();
     assert_close(&download(&out[0][0]), &sum, 0.0, 0.0);
     assert_close(&download(&out[0][1]), &prod, 0.0, 0.0);
+    // The outputs' shapes come from the optimised program's signature.
+    assert_eq!(out[0][0].dims().unwrap(), vec![5]);
+    assert_eq!(out[0][1].dims().unwrap(), vec![5]);
     assert_eq!(out[0][2].dims().unwrap(), Vec::<i64>::new());
+    assert_eq!(out[0][2].dtype().unwrap(), DType::F32);
     assert_close(&download(&out[0][2]), &[total], F32_RTOL, F32_ATOL);
 }
 

@@ -156,6 +156,18 @@ impl Buffer {
         if let Some(shape) = self.shape.get() {
             return Ok(shape);
         }
+        let shape = self.plugin_shape()?;
+        Ok(self.shape.get_or_init(|| shape))
+    }
+
+    /// Records the buffer's shape where its maker knows it (the type of an
+    /// executable's output), sparing `shape` the plugin's answer.
+    pub(crate) fn know_shape(&self, dtype: DType, dims: &[i64]) {
+        let _ = self.shape.set((dtype, dims.to_vec()));
+    }
+
+    /// The shape as the plugin reports it.
+    pub(crate) fn plugin_shape(&self) -> Result<(DType, Vec<i64>)> {
         let mut type_args = sys::PJRT_Buffer_ElementType_Args::new();
         type_args.buffer = self.raw;
         // SAFETY: live buffer.
@@ -170,7 +182,7 @@ impl Buffer {
             // SAFETY: PJRT returns `num_dims` dims owned by the buffer.
             n => unsafe { std::slice::from_raw_parts(dims_args.dims, n) }.to_vec(),
         };
-        Ok(self.shape.get_or_init(|| (dtype, dims)))
+        Ok((dtype, dims))
     }
 
     /// Bytes the buffer occupies on its device (may exceed the dense host size).

@@ -30,6 +30,9 @@ pub struct LoadedExecutable {
     /// plugin cannot return it (execution then relies on the plugin's checks,
     /// which on the CPU plugin only compare byte sizes).
     parameters: Option<Vec<ParameterType>>,
+    /// Per-device output types, likewise: new output buffers start with
+    /// their shape known instead of asking the plugin for it.
+    outputs: Option<Vec<ParameterType>>,
     /// How an SPMD program lays out each output over its partitions, as
     /// XLA chose or was told; `None` for other programs or when the plugin
     /// does not say.
@@ -47,8 +50,8 @@ pub struct Collectives {
     pub result_bytes: u64,
 }
 
-/// The type of one program parameter as each device receives it (a shard, for
-/// SPMD-partitioned programs).
+/// The type of one program parameter (or output) as each device receives
+/// (or makes) it: a shard, for SPMD-partitioned programs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParameterType {
     pub dtype: DType,
@@ -110,6 +113,7 @@ impl Drop for ExecutableView<'_> {
 #[derive(Default)]
 struct Signature {
     parameters: Option<Vec<ParameterType>>,
+    outputs: Option<Vec<ParameterType>>,
     output_shardings: Option<Vec<Sharding>>,
     collectives: Option<Collectives>,
 }
@@ -170,11 +174,20 @@ impl ExecutableView<'_> {
                 count: sum.count + 1,
                 result_bytes: sum.result_bytes + i.shape.as_ref().map_or(0, shape_bytes),
             });
+        let outputs = module
+            .host_program_shape
+            .as_ref()
+            .and_then(|shape| shape.result.as_ref())
+            .and_then(|result| match result.tuple_shapes.is_empty() {
+                true => parameter_type(result).map(|t| vec![t]),
+                false => result.tuple_shapes.iter().map(parameter_type).collect(),
+            });
         let parameters = module
             .host_program_shape
             .and_then(|shape| shape.parameters.iter().map(parameter_type).collect());
         Signature {
             parameters,
+            outputs,
             output_shardings,
             collectives: Some(collectives),
         }
@@ -398,6 +411,7 @@ impl LoadedExecutable {
             devices: Vec::new(),
             num_outputs: 0,
             parameters: None,
+            outputs: None,
             output_shardings: None,
             collectives: None,
         };
@@ -428,6 +442,9 @@ impl LoadedExecutable {
         let signature = view.signature(exe.devices.len());
         drop(view);
         exe.parameters = signature.parameters;
+        exe.outputs = signature
+            .outputs
+            .filter(|outputs| outputs.len() == out_args.num_outputs);
         exe.output_shardings = signature.output_shardings;
         exe.collectives = signature.collectives;
         exe.num_outputs = out_args.num_outputs;
@@ -587,17 +604,20 @@ impl LoadedExecutable {
             .map(|i| i as i64)
             .collect();
 
-        let arg_rows: Vec<Vec<*mut PJRT_Buffer>> = args
+        // Each device's arguments and outputs, row after row in one array.
+        let arg_rows: Vec<*mut PJRT_Buffer> = args
             .iter()
-            .map(|row| row.iter().map(|b| b.raw).collect())
+            .flat_map(|row| row.iter().map(|b| b.raw))
             .collect();
-        let arg_ptrs: Vec<*const *mut PJRT_Buffer> =
-            arg_rows.iter().map(|row| row.as_ptr()).collect();
-        let mut out_rows: Vec<Vec<*mut PJRT_Buffer>> = (0..num_devices)
-            .map(|_| vec![std::ptr::null_mut(); self.num_outputs])
+        let arg_ptrs: Vec<*const *mut PJRT_Buffer> = (0..num_devices)
+            .map(|d| arg_rows.as_ptr().wrapping_add(d * num_args))
             .collect();
-        let out_ptrs: Vec<*mut *mut PJRT_Buffer> =
-            out_rows.iter_mut().map(|row| row.as_mut_ptr()).collect();
+        let num_outputs = self.num_outputs;
+        let mut out_rows = vec![std::ptr::null_mut::<PJRT_Buffer>(); num_devices * num_outputs];
+        let out_base = out_rows.as_mut_ptr();
+        let out_ptrs: Vec<*mut *mut PJRT_Buffer> = (0..num_devices)
+            .map(|d| out_base.wrapping_add(d * num_outputs))
+            .collect();
         let mut events: Vec<*mut PJRT_Event> = vec![std::ptr::null_mut(); num_devices];
 
         let mut exec_options = sys::PJRT_ExecuteOptions::new();
@@ -623,12 +643,20 @@ impl LoadedExecutable {
 
         // Take ownership of every output and event before looking at errors,
         // so nothing leaks when one device fails.
-        let outputs: Vec<Vec<Buffer>> = out_rows
-            .into_iter()
-            .map(|row| {
-                row.into_iter()
-                    .filter(|raw| !raw.is_null())
-                    .map(|raw| Buffer::from_raw(self.client.clone(), raw))
+        let outputs: Vec<Vec<Buffer>> = (0..num_devices)
+            .map(|d| {
+                out_rows[d * num_outputs..(d + 1) * num_outputs]
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .filter(|(_, raw)| !raw.is_null())
+                    .map(|(i, raw)| {
+                        let buffer = Buffer::from_raw(self.client.clone(), raw);
+                        if let Some(ty) = self.outputs.as_ref().and_then(|o| o.get(i)) {
+                            buffer.know_shape(ty.dtype, &ty.dims);
+                        }
+                        buffer
+                    })
                     .collect()
             })
             .collect();
