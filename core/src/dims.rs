@@ -121,7 +121,8 @@ impl Dims {
 
     pub fn truncate(&mut self, new_len: usize) {
         match &mut self.0 {
-            Repr::Inline { len, .. } => *len = (*len).min(new_len as u8),
+            Repr::Inline { len, .. } if new_len < *len as usize => *len = new_len as u8,
+            Repr::Inline { .. } => {}
             Repr::Heap(v) => v.truncate(new_len),
         }
     }
@@ -352,6 +353,10 @@ mod tests {
         d.truncate(3);
         v.truncate(3);
         assert_eq!(d, v);
+        // Past the length (even past what a u8 holds): nothing changes.
+        d.truncate(256);
+        v.truncate(256);
+        assert_eq!(d, v);
         assert_eq!(d.pop(), v.pop());
         d.extend_from_slice(&[5, 6, 7, 8, 9]);
         v.extend_from_slice(&[5, 6, 7, 8, 9]);
@@ -359,6 +364,11 @@ mod tests {
         d[1] = -1;
         v[1] = -1;
         assert_eq!(d, v);
+        let mut inline = Dims::from([1, 2, 3]);
+        inline.truncate(256);
+        assert_eq!(inline, [1, 2, 3]);
+        inline.truncate(1);
+        assert_eq!(inline, [1]);
         assert_eq!(Dims::filled(1, 7), vec![1; 7]);
         assert_eq!(Dims::filled(2, 3), [2, 2, 2]);
     }
