@@ -21,8 +21,6 @@
 namespace rtpu_torch {
 namespace {
 
-constexpr c10::DispatchKeySet kKeySet(c10::DispatchKey::PrivateUse1);
-
 // Core op ids by schema name, filled once while the library loads and
 // read-only after.
 struct OpTable {

@@ -22,8 +22,6 @@
 namespace rtpu_torch {
 namespace {
 
-constexpr c10::DispatchKeySet kKeySet(c10::DispatchKey::PrivateUse1);
-
 void check_tensor_options(
     c10::Device device,
     std::optional<c10::Layout> layout,

@@ -29,6 +29,8 @@ class Library;
 namespace rtpu_torch {
 
 constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
+// The dispatch keys of a tpu tensor, and of a kernel call on one.
+constexpr c10::DispatchKeySet kKeySet(c10::DispatchKey::PrivateUse1);
 
 // ----- runtime.cpp ---------------------------------------------------------
 

@@ -63,8 +63,6 @@
 namespace rtpu_torch {
 namespace {
 
-constexpr c10::DispatchKeySet kKeySet(c10::DispatchKey::PrivateUse1);
-
 // The op ABI arguments of one call of an op with N arguments, added in the
 // op's order. `ok()` is false once an argument needs the boxed kernel.
 template <size_t N>
