@@ -314,11 +314,29 @@ type AlignedNew = unsafe extern "C-unwind" fn(usize, usize) -> *mut c_void;
 /// `operator delete(void*, std::align_val_t)` as the C++ runtime defines it.
 type AlignedDelete = unsafe extern "C" fn(*mut c_void, usize);
 
-/// The process's definition of the C++ runtime function `name` (a
-/// sanitizer's where one intercepts it).
+/// The C++ runtime function `name` the plugin would have called: the
+/// process's global one (a sanitizer's where one intercepts it), else that
+/// of the libstdc++ the plugin loaded, which a plugin opened RTLD_LOCAL
+/// keeps out of the global scope (a Rust-only process).
 fn runtime_function(name: &CStr) -> *mut c_void {
     // SAFETY: looks up a symbol by its NUL-terminated name.
-    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+    let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    if !global.is_null() {
+        return global;
+    }
+    // SAFETY: RTLD_NOLOAD only finds a library already loaded; the handle's
+    // reference is kept (libstdc++ stays loaded with the plugin anyway).
+    let cxx = unsafe {
+        libc::dlopen(
+            c"libstdc++.so.6".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        )
+    };
+    if cxx.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: as above, in that library.
+    unsafe { libc::dlsym(cxx, name.as_ptr()) }
 }
 
 fn runtime_aligned_new() -> Option<AlignedNew> {
@@ -345,10 +363,13 @@ fn runtime_aligned_delete() -> Option<AlignedDelete> {
 // "C-unwind").
 extern "C-unwind" fn small_aligned_new(size: usize, align: usize) -> *mut c_void {
     let ptr = small_block(size, align);
-    match (ptr.is_null(), runtime_aligned_new()) {
+    if !ptr.is_null() {
+        return ptr;
+    }
+    match runtime_aligned_new() {
         // SAFETY: the plugin's own arguments, passed to the operator it called.
-        (true, Some(new)) => unsafe { new(size, align) },
-        _ => ptr,
+        Some(new) => unsafe { new(size, align) },
+        None => ptr,
     }
 }
 
@@ -361,13 +382,14 @@ extern "C" fn small_aligned_new_nothrow(
 }
 
 extern "C" fn small_aligned_delete(ptr: *mut c_void, align: usize) {
-    match (from_mimalloc(ptr), runtime_aligned_delete()) {
+    if from_mimalloc(ptr) {
         // SAFETY: a block mimalloc handed out, which the plugin gives up.
-        (true, _) => unsafe { libmimalloc_sys::mi_free(ptr) },
+        return unsafe { libmimalloc_sys::mi_free(ptr) };
+    }
+    if let Some(delete) = runtime_aligned_delete() {
         // SAFETY: a block of the C++ runtime's `new` (made before `install`,
         // or when mimalloc had no memory), given back to it.
-        (false, Some(delete)) => unsafe { delete(ptr, align) },
-        (false, None) => {}
+        unsafe { delete(ptr, align) }
     }
 }
 
@@ -622,12 +644,13 @@ mod tests {
 
     #[test]
     fn small_aligned_blocks_come_from_mimalloc_and_go_back_where_they_came_from() {
-        // The C++ runtime, as the plugin loads it (this test binary does not).
+        // The C++ runtime, loaded as the plugin loads it: outside the global
+        // scope (this test binary does not load it otherwise).
         // SAFETY: loads a system library by name.
         let cxx = unsafe {
             libc::dlopen(
                 c"libstdc++.so.6".as_ptr(),
-                libc::RTLD_NOW | libc::RTLD_GLOBAL,
+                libc::RTLD_NOW | libc::RTLD_LOCAL,
             )
         };
         assert!(!cxx.is_null());
