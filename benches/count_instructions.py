@@ -6,7 +6,10 @@ thread; XLA's workers, on the CPU plugin the device) and, on Python's thread,
 by library: rtpu's core (librtpu.so), its shim (librtpu_torch.so), the
 plugin, PyTorch, Python, libc.
 
-    .venv/bin/python benches/count_instructions.py [--workloads mlp-step,chain-eager] [--steps N]
+    .venv/bin/python benches/count_instructions.py [--workloads mlp-step,chain-eager] [--steps N] [--keep DIR]
+
+With --keep, callgrind's files stay in DIR/WORKLOAD/ for a look by function:
+`callgrind_annotate --inclusive=yes DIR/chain-eager/callgrind.out-01`.
 
 The MLP has bench_step.py's MLP layers at 8 wide, so its device work is
 negligible and the count is the host's; `mlp-cpu` is the same step on
@@ -16,6 +19,7 @@ too). XLA runs capped at AVX2 here: valgrind has no AVX-512.
 
 import argparse
 import collections
+import contextlib
 import glob
 import json
 import os
@@ -123,10 +127,18 @@ def self_cost_by_object(path):
     return costs
 
 
-def count(workload, steps):
+def count(workload, steps, keep=None):
     """Runs `workload` under callgrind; returns its ops and the
-    instructions of each thread by object."""
-    with tempfile.TemporaryDirectory(prefix="rtpu-callgrind-") as out_dir:
+    instructions of each thread by object. Callgrind's files stay in
+    `keep`/`workload` when `keep` is given."""
+    with contextlib.ExitStack() as stack:
+        if keep:
+            out_dir = os.path.join(keep, workload)
+            os.makedirs(out_dir, exist_ok=True)
+            for stale in glob.glob(os.path.join(out_dir, "callgrind.out*")):
+                os.remove(stale)
+        else:
+            out_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="rtpu-callgrind-"))
         out = os.path.join(out_dir, "callgrind.out")
         go_read, go_write = os.pipe()
         done_read, done_write = os.pipe()
@@ -186,6 +198,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default="mlp-step,mlp-cpu,chain-step,chain-eager")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--keep", metavar="DIR", help="keep callgrind's files in DIR/WORKLOAD/")
     parser.add_argument("--worker", nargs=4, metavar=("WORKLOAD", "STEPS", "GO_FD", "DONE_FD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -195,7 +208,7 @@ def main():
     for workload in args.workloads.split(","):
         if workload not in WORKLOADS:
             parser.error(f"unknown workload {workload!r}: one of {', '.join(WORKLOADS)}")
-        ops, threads = count(workload, args.steps)
+        ops, threads = count(workload, args.steps, args.keep)
         report(workload, args.steps, ops, threads)
 
 

@@ -26,11 +26,14 @@
 //! chunk and freeing its ends, ~650 instructions for each of the five
 //! aligned blocks an eager op's launch asks for (its output buffer and the
 //! plugin's 64-byte-aligned bookkeeping, `operator new` with an alignment),
-//! and more to free them; mimalloc takes ~60. They go back through the same
-//! GOT entries (`free`, `realloc`, aligned `operator delete`), which give
-//! mimalloc what is its (`mi_is_in_heap_region`) and glibc the rest, so a
-//! block the plugin got from glibc before `install` or through another path
-//! is freed where it came from.
+//! and more to free them; mimalloc takes ~60. So do the ~28 small blocks of
+//! plain `operator new` a launch makes (glibc ~150 instructions a pair,
+//! mimalloc ~45). They go back through the same GOT entries (`free`,
+//! `realloc`, every `operator delete`), which give mimalloc what is its
+//! (`mi_is_in_heap_region`) and glibc or the C++ runtime the rest, so a
+//! block the plugin got before `install` or through another path is freed
+//! where it came from. The C++ runtime's own `delete`s check the same way:
+//! its out-of-line code frees blocks the plugin's inline code made.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void, CStr};
@@ -247,11 +250,22 @@ fn from_mimalloc(ptr: *const c_void) -> bool {
     !ptr.is_null() && unsafe { mi_is_in_heap_region(ptr) }
 }
 
-/// A small block from mimalloc; null when it has no memory.
+/// A small block from mimalloc, aligned to `align` (a power of two); null
+/// when it has no memory. mimalloc's blocks are 8-byte aligned, and 16-byte
+/// aligned from 16 bytes up (the only sizes above 8 its size classes hold),
+/// so the plain call serves most requests: the aligned one took ~20 more
+/// instructions for each of the plain `new`s of a launch.
 fn small_block(size: usize, align: usize) -> *mut c_void {
+    let size = size.max(1);
+    let plain_call_aligns = align <= 8 || (align <= 16 && size > 8);
     // SAFETY: `align` is a power of two; a size of 0 still gets a unique
     // block, as glibc gives.
-    unsafe { libmimalloc_sys::mi_malloc_aligned(size.max(1), align) }
+    unsafe {
+        match plain_call_aligns {
+            true => libmimalloc_sys::mi_malloc(size),
+            false => libmimalloc_sys::mi_malloc_aligned(size, align),
+        }
+    }
 }
 
 // The plugin's allocation functions, once `install` has redirected them.
@@ -308,12 +322,6 @@ extern "C" fn cached_realloc(ptr: *mut c_void, size: usize) -> *mut c_void {
     unsafe { libc::realloc(ptr, size) }
 }
 
-/// `operator new(size_t, std::align_val_t)` as the C++ runtime defines it,
-/// which throws `std::bad_alloc` when memory runs out.
-type AlignedNew = unsafe extern "C-unwind" fn(usize, usize) -> *mut c_void;
-/// `operator delete(void*, std::align_val_t)` as the C++ runtime defines it.
-type AlignedDelete = unsafe extern "C" fn(*mut c_void, usize);
-
 /// The C++ runtime function `name` the plugin would have called: the
 /// process's global one (a sanitizer's where one intercepts it), else that
 /// of the libstdc++ the plugin loaded, which a plugin opened RTLD_LOCAL
@@ -339,62 +347,107 @@ fn runtime_function(name: &CStr) -> *mut c_void {
     unsafe { libc::dlsym(cxx, name.as_ptr()) }
 }
 
-fn runtime_aligned_new() -> Option<AlignedNew> {
-    static FOUND: OnceLock<Option<AlignedNew>> = OnceLock::new();
-    *FOUND.get_or_init(|| {
-        let f = runtime_function(c"_ZnwmSt11align_val_t");
-        // SAFETY: the symbol is that operator, with this signature.
-        (!f.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, AlignedNew>(f) })
+/// `$name`: a replacement for the C++ runtime's allocation function
+/// `$symbol`, which takes the size and then `$arg`: a block under
+/// `MIN_CACHED_BYTES` comes from mimalloc, aligned to `$align`; a larger
+/// one, or any when mimalloc has no memory, from the runtime's own
+/// function, which throws as it would have (through this frame:
+/// "C-unwind") or, for a nothrow variant, returns null.
+macro_rules! small_new {
+    ($name:ident, $symbol:literal, ($($arg:ident: $ty:ty),*), $align:expr) => {
+        extern "C-unwind" fn $name(size: usize $(, $arg: $ty)*) -> *mut c_void {
+            if size < MIN_CACHED_BYTES {
+                let ptr = small_block(size, $align);
+                if !ptr.is_null() {
+                    return ptr;
+                }
+            }
+            type Runtime = unsafe extern "C-unwind" fn(usize $(, $ty)*) -> *mut c_void;
+            static FOUND: OnceLock<Option<Runtime>> = OnceLock::new();
+            let found = FOUND.get_or_init(|| {
+                let f = runtime_function($symbol);
+                // SAFETY: the symbol is that operator, with this signature.
+                (!f.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, Runtime>(f) })
+            });
+            match found {
+                // SAFETY: the caller's own arguments, passed to the operator it called.
+                Some(new) => unsafe { new(size $(, $arg)*) },
+                None => std::ptr::null_mut(),
+            }
+        }
+    };
+}
+
+/// `$name`: a replacement for the C++ runtime's deallocation function
+/// `$symbol`, which takes the block and then `$arg`: a block mimalloc
+/// handed out goes back to mimalloc, any other to the runtime's function.
+macro_rules! checked_delete {
+    ($name:ident, $symbol:literal, ($($arg:ident: $ty:ty),*)) => {
+        extern "C" fn $name(ptr: *mut c_void $(, $arg: $ty)*) {
+            if from_mimalloc(ptr) {
+                // SAFETY: a block mimalloc handed out, which its holder gives up.
+                return unsafe { libmimalloc_sys::mi_free(ptr) };
+            }
+            type Runtime = unsafe extern "C" fn(*mut c_void $(, $ty)*);
+            static FOUND: OnceLock<Option<Runtime>> = OnceLock::new();
+            let found = FOUND.get_or_init(|| {
+                let f = runtime_function($symbol);
+                // SAFETY: the symbol is that operator, with this signature.
+                (!f.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, Runtime>(f) })
+            });
+            if let Some(delete) = found {
+                // SAFETY: a block of the runtime's `new` (made before
+                // `install`, by other code, or when mimalloc had no memory),
+                // given back to it.
+                unsafe { delete(ptr $(, $arg)*) }
+            }
+        }
+    };
+}
+
+// Plain `new` and `new[]` align to 16 bytes (__STDCPP_DEFAULT_NEW_ALIGNMENT__).
+small_new!(small_new, c"_Znwm", (), 16);
+small_new!(small_new_nothrow, c"_ZnwmRKSt9nothrow_t", (nothrow: *const c_void), 16);
+small_new!(small_new_array, c"_Znam", (), 16);
+small_new!(small_new_array_nothrow, c"_ZnamRKSt9nothrow_t", (nothrow: *const c_void), 16);
+small_new!(small_aligned_new, c"_ZnwmSt11align_val_t", (align: usize), align);
+small_new!(
+    small_aligned_new_nothrow,
+    c"_ZnwmSt11align_val_tRKSt9nothrow_t",
+    (align: usize, nothrow: *const c_void),
+    align
+);
+checked_delete!(checked_delete, c"_ZdlPv", ());
+checked_delete!(checked_delete_nothrow, c"_ZdlPvRKSt9nothrow_t", (nothrow: *const c_void));
+checked_delete!(checked_delete_sized, c"_ZdlPvm", (size: usize));
+checked_delete!(checked_delete_array, c"_ZdaPv", ());
+checked_delete!(checked_delete_aligned, c"_ZdlPvSt11align_val_t", (align: usize));
+checked_delete!(checked_delete_array_aligned, c"_ZdaPvSt11align_val_t", (align: usize));
+checked_delete!(
+    checked_delete_sized_aligned,
+    c"_ZdlPvmSt11align_val_t",
+    (size: usize, align: usize)
+);
+
+/// The deallocation functions redirected, by their symbols: in the plugin,
+/// and in the C++ runtime's own code, which frees what the plugin's inline
+/// code allocated (a string it grows out of line, a facet it deletes).
+fn checked_delete_for(name: &[u8]) -> Option<*const ()> {
+    Some(match name {
+        b"_ZdlPv" => checked_delete as *const (),
+        b"_ZdlPvRKSt9nothrow_t" => checked_delete_nothrow as *const (),
+        b"_ZdlPvm" => checked_delete_sized as *const (),
+        b"_ZdaPv" => checked_delete_array as *const (),
+        b"_ZdlPvSt11align_val_t" => checked_delete_aligned as *const (),
+        b"_ZdaPvSt11align_val_t" => checked_delete_array_aligned as *const (),
+        b"_ZdlPvmSt11align_val_t" => checked_delete_sized_aligned as *const (),
+        _ => return None,
     })
 }
 
-fn runtime_aligned_delete() -> Option<AlignedDelete> {
-    static FOUND: OnceLock<Option<AlignedDelete>> = OnceLock::new();
-    *FOUND.get_or_init(|| {
-        let f = runtime_function(c"_ZdlPvSt11align_val_t");
-        // SAFETY: the symbol is that operator, with this signature.
-        (!f.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, AlignedDelete>(f) })
-    })
-}
-
-// The plugin's over-aligned `new` and `delete`: tensors' and events'
-// bookkeeping on every launch. When mimalloc has no memory, the C++
-// runtime's `new` answers, throwing as it would have (through this frame:
-// "C-unwind").
-extern "C-unwind" fn small_aligned_new(size: usize, align: usize) -> *mut c_void {
-    let ptr = small_block(size, align);
-    if !ptr.is_null() {
-        return ptr;
-    }
-    match runtime_aligned_new() {
-        // SAFETY: the plugin's own arguments, passed to the operator it called.
-        Some(new) => unsafe { new(size, align) },
-        None => ptr,
-    }
-}
-
-extern "C" fn small_aligned_new_nothrow(
-    size: usize,
-    align: usize,
-    _: *const c_void,
-) -> *mut c_void {
-    small_block(size, align)
-}
-
-extern "C" fn small_aligned_delete(ptr: *mut c_void, align: usize) {
-    if from_mimalloc(ptr) {
-        // SAFETY: a block mimalloc handed out, which the plugin gives up.
-        return unsafe { libmimalloc_sys::mi_free(ptr) };
-    }
-    if let Some(delete) = runtime_aligned_delete() {
-        // SAFETY: a block of the C++ runtime's `new` (made before `install`,
-        // or when mimalloc had no memory), given back to it.
-        unsafe { delete(ptr, align) }
-    }
-}
-
-/// The functions redirected, by the name the plugin imports them under.
-fn replacement(name: &[u8]) -> Option<usize> {
+/// The plugin's functions redirected whatever its C++ runtime: the C
+/// allocator's, the over-aligned `new`s and every `delete`.
+fn plugin_replacement(name: &[u8]) -> Option<usize> {
     let f: *const () = match name {
         b"posix_memalign" => cached_posix_memalign as *const (),
         b"aligned_alloc" => cached_aligned_alloc as *const (),
@@ -402,21 +455,61 @@ fn replacement(name: &[u8]) -> Option<usize> {
         b"realloc" => cached_realloc as *const (),
         b"_ZnwmSt11align_val_t" => small_aligned_new as *const (),
         b"_ZnwmSt11align_val_tRKSt9nothrow_t" => small_aligned_new_nothrow as *const (),
-        b"_ZdlPvSt11align_val_t" => small_aligned_delete as *const (),
+        _ => checked_delete_for(name)?,
+    };
+    Some(f as usize)
+}
+
+/// The plugin's plain `new`s: redirected only once the C++ runtime's own
+/// `delete`s check for mimalloc's blocks.
+fn plugin_plain_new_replacement(name: &[u8]) -> Option<usize> {
+    let f: *const () = match name {
+        b"_Znwm" => small_new as *const (),
+        b"_ZnwmRKSt9nothrow_t" => small_new_nothrow as *const (),
+        b"_Znam" => small_new_array as *const (),
+        b"_ZnamRKSt9nothrow_t" => small_new_array_nothrow as *const (),
         _ => return None,
     };
     Some(f as usize)
 }
 
+fn runtime_replacement(name: &[u8]) -> Option<usize> {
+    checked_delete_for(name).map(|f| f as usize)
+}
+
+/// Whether a loaded object is a C++ runtime, by its file name.
+fn is_cxx_runtime(object: &Path) -> bool {
+    object
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("libstdc++.so") || n.starts_with("libc++.so"))
+}
+
 /// Points the GOT entries of the loaded library at `path` for the functions
-/// above at this module's. Returns how many entries now point here; 0 when
-/// the cache is off (`RTPU_HOST_CACHE_MAX_BYTES=0`), on other systems, or
-/// when the library imports none of them. Idempotent.
+/// above at this module's, and the C++ runtime's own `delete`s at the
+/// checking ones. Returns how many of the plugin's entries now point here;
+/// 0 when the cache is off (`RTPU_HOST_CACHE_MAX_BYTES=0`), on other
+/// systems, or when the library imports none of them. Idempotent.
 pub fn install(path: &Path) -> usize {
     if max_bytes() == 0 {
         return 0;
     }
-    got::patch(path, replacement)
+    let Ok(plugin) = path.canonicalize() else {
+        return 0;
+    };
+    // The loader names a plugin by the path it was opened with, and plugins
+    // are opened by their canonical path.
+    let is_plugin = |object: &Path| object == plugin;
+    let mut patched = got::patch(&is_plugin, plugin_replacement);
+    // A block of the plugin's plain `new` may be freed by the C++ runtime's
+    // out-of-line code (a string grown by `std::string::reserve`), which
+    // must then know it for mimalloc's: the plugin's inline code makes ~28
+    // such blocks per launch, and glibc's `new` and `delete` cost ~150
+    // instructions a pair against mimalloc's ~45.
+    if got::patch(&is_cxx_runtime, runtime_replacement) > 0 {
+        patched += got::patch(&is_plugin, plugin_plain_new_replacement);
+    }
+    patched
 }
 
 #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
@@ -465,17 +558,19 @@ mod got {
     }
 
     struct Search<'a> {
-        path: &'a Path,
+        matches: &'a dyn Fn(&Path) -> bool,
         replacement: fn(&[u8]) -> Option<usize>,
         patched: usize,
     }
 
-    pub(super) fn patch(path: &Path, replacement: fn(&[u8]) -> Option<usize>) -> usize {
-        let Ok(path) = path.canonicalize() else {
-            return 0;
-        };
+    /// Patches every loaded object whose name `matches`; returns how many
+    /// GOT entries now point at a replacement.
+    pub(super) fn patch(
+        matches: &dyn Fn(&Path) -> bool,
+        replacement: fn(&[u8]) -> Option<usize>,
+    ) -> usize {
         let mut search = Search {
-            path: &path,
+            matches,
             replacement,
             patched: 0,
         };
@@ -498,16 +593,13 @@ mod got {
         }
         // SAFETY: the loader's NUL-terminated name of the object.
         let name = unsafe { CStr::from_ptr(info.dlpi_name) };
-        // The loader names an object by the path it was opened with, and
-        // plugins are opened by their canonical path.
-        let same = std::str::from_utf8(name.to_bytes()).is_ok_and(|n| Path::new(n) == search.path);
-        if !same {
-            return 0;
+        if std::str::from_utf8(name.to_bytes()).is_ok_and(|n| (search.matches)(Path::new(n))) {
+            // SAFETY: the object is loaded and stays loaded (plugins and
+            // the C++ runtime are never unloaded); its headers are the
+            // loader's.
+            search.patched += unsafe { patch_object(info, search.replacement) };
         }
-        // SAFETY: the object is loaded and stays loaded (plugins are never
-        // unloaded); its headers are the loader's.
-        search.patched = unsafe { patch_object(info, search.replacement) };
-        1
+        0
     }
 
     /// # Safety
@@ -626,7 +718,10 @@ mod got {
 mod got {
     use super::*;
 
-    pub(super) fn patch(_path: &Path, _replacement: fn(&[u8]) -> Option<usize>) -> usize {
+    pub(super) fn patch(
+        _matches: &dyn Fn(&Path) -> bool,
+        _replacement: fn(&[u8]) -> Option<usize>,
+    ) -> usize {
         0
     }
 }
@@ -642,10 +737,9 @@ mod tests {
         ptr
     }
 
-    #[test]
-    fn small_aligned_blocks_come_from_mimalloc_and_go_back_where_they_came_from() {
-        // The C++ runtime, loaded as the plugin loads it: outside the global
-        // scope (this test binary does not load it otherwise).
+    /// The C++ runtime, loaded as the plugin loads it: outside the global
+    /// scope (this test binary does not load it otherwise).
+    fn load_cxx_runtime() {
         // SAFETY: loads a system library by name.
         let cxx = unsafe {
             libc::dlopen(
@@ -654,9 +748,25 @@ mod tests {
             )
         };
         assert!(!cxx.is_null());
+    }
+
+    /// The C++ runtime's own function `name`, taking a block and a size.
+    fn runtime_sized(name: &CStr) -> unsafe extern "C" fn(*mut c_void, usize) {
+        let f = runtime_function(name);
+        assert!(!f.is_null(), "{name:?}");
+        // SAFETY: the tests name functions with this signature.
+        unsafe { std::mem::transmute(f) }
+    }
+
+    #[test]
+    fn small_blocks_come_from_mimalloc_and_go_back_where_they_came_from() {
+        load_cxx_runtime();
         for (size, align) in [
             (0, 64),
             (1, 8),
+            (8, 16),
+            (9, 16),
+            (24, 16),
             (256, 64),
             (4000, 128),
             (MIN_CACHED_BYTES - 1, 4096),
@@ -678,23 +788,64 @@ mod tests {
             cached_free(ptr);
             let ptr = small_aligned_new(size, align);
             assert!(from_mimalloc(ptr) && ptr as usize % align == 0);
-            small_aligned_delete(ptr, align);
+            checked_delete_aligned(ptr, align);
             let ptr = small_aligned_new_nothrow(size, align, std::ptr::null());
             assert!(from_mimalloc(ptr));
-            small_aligned_delete(ptr, align);
+            checked_delete_sized_aligned(ptr, size, align);
+            for new in [small_new, small_new_array] {
+                let ptr = new(size);
+                assert!(from_mimalloc(ptr) && ptr as usize % 16 == 0);
+                checked_delete(ptr);
+            }
+            let ptr = small_new_nothrow(size, std::ptr::null());
+            assert!(from_mimalloc(ptr));
+            checked_delete_nothrow(ptr, std::ptr::null());
         }
         // A glibc block (one the plugin had before `install`) goes to glibc,
         // a C++ runtime one to its `delete`.
         let ptr = glibc_block(256);
         assert!(!from_mimalloc(ptr));
         cached_free(ptr);
-        let new = runtime_aligned_new().expect("the C++ runtime's aligned new");
+        type AlignedNew = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+        // SAFETY: the symbol is that operator, with this signature.
+        let aligned_new: AlignedNew =
+            unsafe { std::mem::transmute(runtime_function(c"_ZnwmSt11align_val_t")) };
         // SAFETY: a valid size and alignment.
-        let ptr = unsafe { new(256, 64) };
+        let ptr = unsafe { aligned_new(256, 64) };
         assert!(!from_mimalloc(ptr));
-        small_aligned_delete(ptr, 64);
+        checked_delete_aligned(ptr, 64);
+        // Blocks over MIN_CACHED_BYTES come from the runtime's `new`.
+        let ptr = small_new(MIN_CACHED_BYTES);
+        assert!(!ptr.is_null() && !from_mimalloc(ptr));
+        checked_delete_sized(ptr, MIN_CACHED_BYTES);
         cached_free(std::ptr::null_mut());
+        checked_delete(std::ptr::null_mut());
         assert!(!from_mimalloc(std::ptr::null()));
+    }
+
+    #[test]
+    fn the_cxx_runtime_gives_mimalloc_blocks_back_to_mimalloc() {
+        load_cxx_runtime();
+        assert!(got::patch(&is_cxx_runtime, runtime_replacement) > 0);
+        // libstdc++'s sized `delete` calls its plain one through its own GOT
+        // entry, as its out-of-line string code does: glibc's `free` would
+        // abort on a mimalloc block.
+        let sized_delete = runtime_sized(c"_ZdlPvm");
+        for size in [1, 100, 5000] {
+            let ptr = small_new(size);
+            assert!(from_mimalloc(ptr));
+            // SAFETY: a live block of `size` bytes, given up.
+            unsafe { sized_delete(ptr, size) };
+        }
+        // Its own blocks still go back to glibc through the same entry.
+        type New = unsafe extern "C" fn(usize) -> *mut c_void;
+        // SAFETY: the symbol is that operator, with this signature.
+        let runtime_new: New = unsafe { std::mem::transmute(runtime_function(c"_Znwm")) };
+        // SAFETY: a valid size; the block is given back below.
+        let ptr = unsafe { runtime_new(64) };
+        assert!(!from_mimalloc(ptr));
+        // SAFETY: the runtime's block of 64 bytes, given back.
+        unsafe { sized_delete(ptr, 64) };
     }
 
     #[test]
