@@ -84,6 +84,7 @@ metrics! {
     SpmdCollectiveBytes = "spmd_collective_bytes", Bytes, "bytes the collectives of the SPMD programs run produced on each device (their results' sizes, per device)";
     HostCacheBytes = "host_cache_bytes", Live, "bytes of large blocks the CPU plugin freed, kept for its next requests (given back by empty_cache)";
     HostCacheReuses = "host_cache_reuses", Count, "large blocks the CPU plugin got from those kept instead of from the system";
+    OpsReplayed = "ops_replayed", Count, "ops run eagerly by the plan of an earlier call with the same shapes and scalars, without lowering them again";
 }
 
 const COUNT: usize = DEFINITIONS.len();

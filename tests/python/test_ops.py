@@ -468,3 +468,63 @@ def test_typed_kernels_send_conjugate_views_to_the_boxed_kernel():
     torch.testing.assert_close(got.cpu(), z.conj() * u)
     got = u.to(DEVICE).add_(z.to(DEVICE).conj())
     torch.testing.assert_close(got.cpu(), u + z.conj())
+
+
+def replayed(fn):
+    """How many ops `fn()` ran by an earlier call's plan."""
+    before = rtpu.metrics()["ops_replayed"]
+    fn()
+    return rtpu.metrics()["ops_replayed"] - before
+
+
+def test_repeated_eager_ops_replay_their_plans_with_each_calls_values():
+    x, y = rand(6, 4), rand(6, 4)
+    t, u = x.to(DEVICE), y.to(DEVICE)
+    want_t = x.clone()
+    for i in range(4):
+        # New values every call, the same shapes: the plans' programs read
+        # this call's buffers. A plan is made on the second call.
+        a, b = rand(6, 4), rand(6, 4)
+        n = replayed(lambda: assert_same(a.to(DEVICE) * 1.5 + b.to(DEVICE), a * 1.5 + b))
+        assert n > 0 or i < 2
+        # In place, the same storage twice, an out= tensor and a transposed view.
+        t.add_(u, alpha=0.5)
+        want_t.add_(y, alpha=0.5)
+        assert_same(t, want_t)
+        assert_same(t.mul_(t), want_t.mul_(want_t))
+        out = torch.empty(4, 6, device=DEVICE)
+        assert torch.sub(t.t(), u.t(), out=out) is out
+        assert_same(out, want_t.t() - y.t())
+    # A scalar that changes each call is a value of each call's own.
+    for scale in (0.5, 2.0, -3.0, 0.5):
+        assert_same(t * scale, want_t * scale)
+
+
+def test_ops_whose_graph_depends_on_tensor_values_are_never_replayed():
+    x = rand(8)
+    t = x.to(DEVICE)
+    for _ in range(3):
+        mask = torch.rand(8) > 0.5
+        assert_same(t[mask.to(DEVICE)], x[mask])
+    # A range check of the targets reads them on the host in eager mode: a
+    # bad target after good ones is still an error.
+    logits = rand(4, 5).to(DEVICE)
+    good = torch.tensor([0, 1, 2, 3], device=DEVICE)
+    for _ in range(2):
+        torch.nn.functional.cross_entropy(logits, good)
+    with pytest.raises(Exception, match="[Tt]arget|out of bounds|range"):
+        torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 2, 7], device=DEVICE)).cpu()
+    # A generator's state changes every call.
+    torch.manual_seed(0)
+    t = torch.ones(1000, device=DEVICE)
+    first, second = torch.nn.functional.dropout(t, 0.5), torch.nn.functional.dropout(t, 0.5)
+    assert not torch.equal(first.cpu(), second.cpu())
+
+
+def test_a_plan_made_on_a_written_storage_is_not_used_for_a_never_written_one():
+    # A storage never written reads as zeros: a constant of the op's graph,
+    # not an input.
+    x = rand(5)
+    for _ in range(2):
+        assert_same(torch.zeros(5, device=DEVICE) + x.to(DEVICE), x)
+        assert_same(torch.empty(5, device=DEVICE).zero_() + x.to(DEVICE), x)

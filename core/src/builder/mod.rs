@@ -129,6 +129,9 @@ pub(crate) struct StorageSlot {
     pub(crate) storage: Arc<Storage>,
     /// The flat value as stored (dtype of the storage's value).
     pub(crate) flat: ValueId,
+    /// The graph parameter its value enters as; None when it reads as
+    /// zeros (never written) or the op records it.
+    pub(crate) param: Option<usize>,
     pub(crate) written: bool,
 }
 
@@ -284,6 +287,10 @@ impl<'a> Builder<'a> {
                 format!("{} arguments", self.args.len()),
             )
         })
+    }
+
+    pub(crate) fn args(&self) -> &'a [Arg] {
+        self.args
     }
 
     pub fn num_args(&self) -> usize {

@@ -88,6 +88,7 @@ impl<'a> Builder<'a> {
         } else {
             storage.value()?
         };
+        let mut param = None;
         let flat = match value {
             StorageValue::Buffer { buffer, dtype } => {
                 let elements = storage.elements(dtype)? as i64;
@@ -97,6 +98,7 @@ impl<'a> Builder<'a> {
                         view: view.clone(),
                     }
                 } else {
+                    param = Some(self.graph.params.len());
                     ParamSource::Storage(buffer)
                 };
                 self.param(TensorType::new(dtype, &[elements]), source)
@@ -125,6 +127,7 @@ impl<'a> Builder<'a> {
         self.slots.push(StorageSlot {
             storage: storage.clone(),
             flat,
+            param,
             written: false,
         });
         Ok(self.slots.len() - 1)

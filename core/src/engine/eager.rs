@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::{cache, deferred, launch};
+use super::{cache, deferred, launch, plan};
 use crate::builder::{Builder, Mode, Output, ParamSource, PendingOutput};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -102,7 +102,9 @@ fn check_sizes(b: &Builder, device_index: usize) -> Result<()> {
     )
 }
 
-pub(super) fn run(mut b: Builder) -> Result<Vec<Output>> {
+/// Runs the op `b` built (recorded instead outside eager mode); keeps its
+/// plan for `site`'s later calls where it can.
+pub(super) fn run(mut b: Builder, site: &plan::Site) -> Result<Vec<Output>> {
     let device_index = b.device_index.unwrap_or(0);
     let mut graph_outputs = Vec::new();
     for out in &b.outputs {
@@ -171,6 +173,7 @@ pub(super) fn run(mut b: Builder) -> Result<Vec<Output>> {
             }
         });
     }
+    plan::remember(site, &b, &exe, &written);
     let mut results = launch::launch(b.client, device_index, &exe, &args, &[])?.into_iter();
 
     let mut outputs = Vec::with_capacity(b.outputs.len());

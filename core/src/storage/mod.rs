@@ -90,6 +90,17 @@ pub enum StorageValue {
     Failed { code: ErrorCode, message: String },
 }
 
+thread_local! {
+    static HOST_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many times this thread has read tensor values to the host
+/// (`Storage::read_view`): an op whose lowering read any is specialised on
+/// those values.
+pub fn host_reads() -> u64 {
+    HOST_READS.with(|n| n.get())
+}
+
 /// A storage of one device (a sharded value spans a mesh that includes
 /// it). Cheap to share; the value is replaced, never mutated, so readers
 /// holding an old value are unaffected.
@@ -444,6 +455,7 @@ impl Storage {
 
     /// The dense, row-major bytes of `view`.
     pub fn read_view(&self, view: &View) -> Result<Vec<u8>> {
+        HOST_READS.with(|n| n.set(n.get() + 1));
         view.check_within(self.elements(view.dtype)?)?;
         if view.numel() == 0 {
             return Ok(Vec::new());

@@ -1,0 +1,410 @@
+//! Plans of eager ops. An op called eagerly again with arguments of the
+//! same kind (tensors of the same storages' sizes, views and dtypes, the
+//! same scalar values) builds the same graph, so its first call keeps what
+//! running it takes: the executable, where each input comes from, and what
+//! each output becomes. Later calls check their arguments against that and
+//! launch, without building the op's graph again, lowering it or looking
+//! its program up (~a sixth of an eager elementwise op's instructions).
+//!
+//! A lowering whose graph depends on anything else is not planned: one that
+//! read tensor values on the host (masks, indices, range checks), one with
+//! a generator (its key changes every call), or one that read a storage
+//! that was not a plain buffer.
+
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
+
+use super::{host_input, launch};
+use crate::builder::{Arg, Builder, Output, ParamSource, PendingOutput, TensorArg};
+use crate::dims::Dims;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::metrics::{self, Metric};
+use crate::runtime::{Buffer, Client, LoadedExecutable};
+use crate::storage::{self, Storage, StorageValue, View};
+
+/// Plans kept (and keys seen once); all are dropped when this many more
+/// would be kept (what repeats is planned again).
+const MAX_PLANS: usize = 4096;
+
+/// One tensor argument, as a plan is specialised on it.
+#[derive(PartialEq)]
+struct TensorKey {
+    /// The index of the first tensor of the call on the same storage.
+    same_as: usize,
+    device_index: usize,
+    nbytes: usize,
+    view: View,
+}
+
+/// One argument, as a plan is specialised on it.
+#[derive(PartialEq)]
+enum ArgKey {
+    None,
+    Tensor(TensorKey),
+    Int(i64),
+    /// By its bits: -0.0 and NaN are values like any other.
+    Float(u64),
+    Bool(bool),
+    IntList(Vec<i64>),
+    FloatList(Vec<u64>),
+    TensorList(Vec<Option<TensorKey>>),
+    ScalarType(DType),
+    Str(String),
+    Device(i64),
+}
+
+/// Where an input of the executable comes from.
+enum Input {
+    /// The buffer of the call's tensor at this index (Tensor arguments and
+    /// list elements, in order), which must hold a value of this dtype.
+    Tensor(usize, DType),
+    /// A host value that is the same on every call the plan matches (a
+    /// scalar argument): uploaded as eager ops upload theirs, so a value
+    /// that repeats has one buffer and one that does not leaves none.
+    Host {
+        bytes: Vec<u8>,
+        dtype: DType,
+        dims: Vec<i64>,
+    },
+}
+
+enum PlanOutput {
+    Alias(usize),
+    None,
+    New { sizes: Dims, dtype: DType },
+}
+
+pub(super) struct Plan {
+    op: usize,
+    client_id: usize,
+    device_index: usize,
+    args: Vec<ArgKey>,
+    /// Held by the executable cache: a plan does not keep a program the
+    /// cache evicted (past RTPU_MEMORY_CACHE_ENTRIES) alive.
+    exe: Weak<LoadedExecutable>,
+    inputs: Vec<Input>,
+    outputs: Vec<PlanOutput>,
+    /// The tensors whose storages the op writes (at their index in the
+    /// call), in the order of the executable's outputs after the new ones,
+    /// with the dtype of the value written.
+    written: Vec<(usize, DType)>,
+}
+
+/// The call's tensors in order: Tensor arguments and the elements of
+/// tensor lists.
+fn tensors(args: &[Arg]) -> impl Iterator<Item = &TensorArg> {
+    args.iter().flat_map(|a| {
+        let (one, list) = match a {
+            Arg::Tensor(t) => (Some(t), None),
+            Arg::TensorList(list) => (None, Some(list.iter().flatten())),
+            _ => (None, None),
+        };
+        one.into_iter().chain(list.into_iter().flatten())
+    })
+}
+
+/// The index of the first of the call's tensors seen so far (`seen`) on
+/// `storage`, or the next index when none is; records this one.
+fn same_as(seen: &mut Vec<*const Storage>, storage: &Arc<Storage>) -> usize {
+    let ptr = Arc::as_ptr(storage);
+    let first = seen.iter().position(|&s| s == ptr).unwrap_or(seen.len());
+    seen.push(ptr);
+    first
+}
+
+/// The key of each argument of a call; None when one is of a kind no plan
+/// is made for (a generator).
+fn keys(args: &[Arg]) -> Option<Vec<ArgKey>> {
+    let mut seen = Vec::new();
+    let mut tensor_key = |t: &TensorArg| TensorKey {
+        same_as: same_as(&mut seen, &t.storage),
+        device_index: t.storage.device_index(),
+        nbytes: t.storage.nbytes(),
+        view: t.view.clone(),
+    };
+    args.iter()
+        .map(|a| {
+            Some(match a {
+                Arg::None => ArgKey::None,
+                Arg::Tensor(t) => ArgKey::Tensor(tensor_key(t)),
+                Arg::Int(v) => ArgKey::Int(*v),
+                Arg::Float(v) => ArgKey::Float(v.to_bits()),
+                Arg::Bool(v) => ArgKey::Bool(*v),
+                Arg::IntList(v) => ArgKey::IntList(v.clone()),
+                Arg::FloatList(v) => ArgKey::FloatList(v.iter().map(|f| f.to_bits()).collect()),
+                Arg::TensorList(list) => ArgKey::TensorList(
+                    list.iter()
+                        .map(|t| t.as_ref().map(&mut tensor_key))
+                        .collect(),
+                ),
+                Arg::ScalarType(d) => ArgKey::ScalarType(*d),
+                Arg::Str(s) => ArgKey::Str(s.clone()),
+                Arg::Device(d) => ArgKey::Device(*d),
+                Arg::Generator { .. } => return None,
+            })
+        })
+        .collect()
+}
+
+/// Whether the call's arguments are those `plan` was made for.
+fn matches(plan: &Plan, args: &[Arg]) -> bool {
+    if plan.args.len() != args.len() {
+        return false;
+    }
+    let mut seen = Vec::new();
+    let mut tensor_matches = |key: &TensorKey, t: &TensorArg| {
+        key.same_as == same_as(&mut seen, &t.storage)
+            && key.view == t.view
+            && key.nbytes == t.storage.nbytes()
+            && key.device_index == t.storage.device_index()
+    };
+    plan.args
+        .iter()
+        .zip(args)
+        .all(|(key, arg)| match (key, arg) {
+            (ArgKey::None, Arg::None) => true,
+            (ArgKey::Tensor(k), Arg::Tensor(t)) => tensor_matches(k, t),
+            (ArgKey::Int(k), Arg::Int(v)) => k == v,
+            (ArgKey::Float(k), Arg::Float(v)) => *k == v.to_bits(),
+            (ArgKey::Bool(k), Arg::Bool(v)) => k == v,
+            (ArgKey::IntList(k), Arg::IntList(v)) => k == v,
+            (ArgKey::FloatList(k), Arg::FloatList(v)) => {
+                k.len() == v.len() && k.iter().zip(v).all(|(k, v)| *k == v.to_bits())
+            }
+            (ArgKey::TensorList(k), Arg::TensorList(list)) => {
+                k.len() == list.len()
+                    && k.iter().zip(list).all(|(k, t)| match (k, t) {
+                        (Some(k), Some(t)) => tensor_matches(k, t),
+                        (None, None) => true,
+                        _ => false,
+                    })
+            }
+            (ArgKey::ScalarType(k), Arg::ScalarType(d)) => k == d,
+            (ArgKey::Str(k), Arg::Str(s)) => k == s,
+            (ArgKey::Device(k), Arg::Device(d)) => k == d,
+            _ => false,
+        })
+}
+
+/// What plans are looked up by: the op, the client and the arguments'
+/// kinds, shapes and scalar values. Calls with equal keys hash alike.
+fn hash_of(op: usize, client: &Client, args: &[Arg]) -> u64 {
+    let mut h = FxHasher::default();
+    (op, client.id(), args.len()).hash(&mut h);
+    let hash_tensor = |h: &mut FxHasher, t: &TensorArg| {
+        (t.storage.nbytes(), t.storage.device_index()).hash(h);
+        t.view.hash(h);
+    };
+    for arg in args {
+        std::mem::discriminant(arg).hash(&mut h);
+        match arg {
+            Arg::Tensor(t) => hash_tensor(&mut h, t),
+            Arg::Int(v) | Arg::Device(v) => v.hash(&mut h),
+            Arg::Float(v) => v.to_bits().hash(&mut h),
+            Arg::Bool(v) => v.hash(&mut h),
+            Arg::IntList(v) => v.hash(&mut h),
+            Arg::TensorList(list) => {
+                for t in list {
+                    match t {
+                        Some(t) => hash_tensor(&mut h, t),
+                        None => 0u8.hash(&mut h),
+                    }
+                }
+            }
+            Arg::ScalarType(d) => d.hash(&mut h),
+            Arg::Str(s) => s.hash(&mut h),
+            Arg::None | Arg::FloatList(_) | Arg::Generator { .. } => {}
+        }
+    }
+    h.finish()
+}
+
+#[derive(Default)]
+struct Plans {
+    by_hash: FxHashMap<u64, Vec<Arc<Plan>>>,
+    count: usize,
+    /// Keys of calls seen once (emptied when full: what repeats comes back).
+    seen: FxHashSet<u64>,
+}
+
+fn plans() -> std::sync::MutexGuard<'static, Plans> {
+    static PLANS: OnceLock<Mutex<Plans>> = OnceLock::new();
+    super::global(&PLANS)
+}
+
+/// Runs op `op` on `args` by an earlier call's plan; None when no plan
+/// matches the call or a storage it reads holds no plain buffer now (the
+/// caller then builds the op).
+pub(super) fn replay(client: &Client, op: usize, args: &[Arg]) -> Result<Option<Vec<Output>>> {
+    let hash = hash_of(op, client, args);
+    let plan = {
+        let plans = plans();
+        let Some(candidates) = plans.by_hash.get(&hash) else {
+            return Ok(None);
+        };
+        let found = candidates
+            .iter()
+            .find(|p| p.op == op && p.client_id == client.id() && matches(p, args));
+        match found {
+            Some(plan) => plan.clone(),
+            None => return Ok(None),
+        }
+    };
+    let Some(exe) = plan.exe.upgrade() else {
+        return Ok(None);
+    };
+    let device = client.device(plan.device_index)?;
+    let tensors: Vec<&TensorArg> = tensors(args).collect();
+    let mut inputs = Vec::with_capacity(plan.inputs.len());
+    for input in &plan.inputs {
+        inputs.push(match input {
+            Input::Tensor(i, dtype) => {
+                let storage = &tensors[*i].storage;
+                if storage.client().id() != client.id() {
+                    return Ok(None);
+                }
+                match storage.value()? {
+                    StorageValue::Buffer { buffer, dtype: d } if d == *dtype => buffer,
+                    _ => return Ok(None),
+                }
+            }
+            Input::Host { bytes, dtype, dims } => {
+                host_input(client, plan.device_index, &device, bytes, *dtype, dims)?
+            }
+        });
+    }
+    metrics::add(Metric::CacheHits, 1);
+    metrics::add(Metric::OpsReplayed, 1);
+    let results = launch::launch(client, plan.device_index, &exe, &inputs, &[])?;
+    let mut results = results.into_iter();
+    let mut outputs = Vec::with_capacity(plan.outputs.len());
+    for out in &plan.outputs {
+        outputs.push(match out {
+            PlanOutput::Alias(i) => Output::Alias(*i),
+            PlanOutput::None => Output::None,
+            PlanOutput::New { sizes, dtype } => {
+                let buffer = next_result(&mut results)?;
+                Output::New {
+                    storage: Storage::from_buffer(client, plan.device_index, buffer, *dtype)?,
+                    view: View::contiguous(sizes, *dtype),
+                }
+            }
+        });
+    }
+    for &(i, dtype) in &plan.written {
+        tensors[i]
+            .storage
+            .set_value(next_result(&mut results)?, dtype)?;
+    }
+    Ok(Some(outputs))
+}
+
+fn next_result(results: &mut impl Iterator<Item = Buffer>) -> Result<Buffer> {
+    results.next().ok_or_else(|| {
+        crate::error::Error::invalid("program outputs", "one per planned output", "fewer")
+    })
+}
+
+/// What a call records before it builds its op: whether the build read
+/// tensor values on the host.
+pub(super) struct Site {
+    pub(super) op: usize,
+    host_reads: u64,
+}
+
+impl Site {
+    pub(super) fn new(op: usize) -> Site {
+        Site {
+            op,
+            host_reads: storage::host_reads(),
+        }
+    }
+}
+
+/// Keeps the plan of an eager call whose built op `b` runs `exe` and
+/// writes the storages of its slots `written`, when later calls can reuse
+/// it: from the second call with the same key on (what is called once,
+/// a scalar never seen before, costs no plan).
+pub(super) fn remember(site: &Site, b: &Builder, exe: &Arc<LoadedExecutable>, written: &[usize]) {
+    if storage::host_reads() != site.host_reads || !b.checks.is_empty() {
+        return;
+    }
+    let hash = hash_of(site.op, b.client, b.args());
+    {
+        let mut plans = plans();
+        if plans.seen.len() >= MAX_PLANS {
+            plans.seen.clear();
+        }
+        if plans.seen.insert(hash) {
+            return;
+        }
+    }
+    let Some(keys) = keys(b.args()) else {
+        return;
+    };
+    let tensors: Vec<&TensorArg> = tensors(b.args()).collect();
+    let index_of = |s: &Arc<Storage>| tensors.iter().position(|t| Arc::ptr_eq(&t.storage, s));
+    let mut inputs: Vec<Option<Input>> = b
+        .sources
+        .iter()
+        .map(|source| match source {
+            ParamSource::Host { bytes, dtype, dims } => Some(Input::Host {
+                bytes: bytes.clone(),
+                dtype: *dtype,
+                dims: dims.clone(),
+            }),
+            _ => None,
+        })
+        .collect();
+    for slot in &b.slots {
+        // A storage read as zeros (never written) is a constant of the
+        // graph: a later call may find it written.
+        let (Some(p), Some(i)) = (slot.param, index_of(&slot.storage)) else {
+            return;
+        };
+        inputs[p] = Some(Input::Tensor(i, b.graph.params[p].dtype));
+    }
+    let Some(inputs) = inputs.into_iter().collect::<Option<Vec<_>>>() else {
+        return;
+    };
+    let mut planned_written = Vec::with_capacity(written.len());
+    for &s in written {
+        let slot = &b.slots[s];
+        let Some(i) = index_of(&slot.storage) else {
+            return;
+        };
+        planned_written.push((i, b.graph.ty(slot.flat).dtype));
+    }
+    let outputs = b
+        .outputs
+        .iter()
+        .map(|o| match o {
+            PendingOutput::Alias(i) => PlanOutput::Alias(*i),
+            PendingOutput::None => PlanOutput::None,
+            PendingOutput::New { value, sizes } => PlanOutput::New {
+                sizes: sizes.clone(),
+                dtype: b.graph.ty(*value).dtype,
+            },
+        })
+        .collect();
+    let plan = Plan {
+        op: site.op,
+        client_id: b.client.id(),
+        device_index: b.device_index.unwrap_or(0),
+        args: keys,
+        exe: Arc::downgrade(exe),
+        inputs,
+        outputs,
+        written: planned_written,
+    };
+    let mut plans = plans();
+    if plans.count >= MAX_PLANS {
+        plans.by_hash.clear();
+        plans.count = 0;
+    }
+    plans.count += 1;
+    plans.by_hash.entry(hash).or_default().push(Arc::new(plan));
+}
