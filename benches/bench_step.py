@@ -353,6 +353,9 @@ def main():
     if unknown:
         parser.error(f"unknown models {sorted(unknown)}: choose from {MODEL_NAMES}")
 
+    # The process's first few hundred milliseconds of ops run up to 1.7x
+    # slower here, CPU eager's as much as rtpu's: one untimed call first.
+    recording_cost()
     chain = recording_cost()
     print(
         f"a chain of small ops: {chain['step_us']:.2f} us/op recorded in a step ({chain['core_us']:.2f} in rtpu's "
