@@ -149,8 +149,14 @@ def compiled():
 first = [run(n) for n in range(1, 13)]
 before = compiled()
 again = [run(n) for n in range(1, 13)]
-print(json.dumps({"right": first == again == [float(n * n) for n in range(1, 13)],
-                  "recompiled": compiled() - before, "evicted": rtpu.metrics()["executables_evicted"]}))
+# Eager plans whose programs were evicted (run(5) made them) give way to
+# new ones: two ops, within the cap, replay from their second call on.
+x = torch.arange(5, dtype=torch.float32, device="tpu")
+replayed = rtpu.metrics()["ops_replayed"]
+last = [(x * 2).sum().item() for _ in range(4)]
+print(json.dumps({"right": first == again == [float(n * n) for n in range(1, 13)] and last == [20.0] * 4,
+                  "recompiled": compiled() - before, "evicted": rtpu.metrics()["executables_evicted"],
+                  "replayed": rtpu.metrics()["ops_replayed"] - replayed}))
 """
 
 
@@ -162,9 +168,11 @@ def test_the_memory_cache_keeps_to_its_entry_cap():
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     uncapped, capped = run(), run(RTPU_MEMORY_CACHE_ENTRIES="4")
-    assert uncapped == {"right": True, "recompiled": 0, "evicted": 0}
+    assert uncapped["replayed"] > 0
+    assert {k: uncapped[k] for k in ("right", "recompiled", "evicted")} == {"right": True, "recompiled": 0, "evicted": 0}
     # Each size compiled a few programs; past the cap, the second pass compiles them again.
     assert capped["right"] and capped["recompiled"] > 0 and capped["evicted"] >= capped["recompiled"]
+    assert capped["replayed"] > 0
 
 
 def test_clear_cache_empties_it(tmp_path):

@@ -405,6 +405,11 @@ pub(super) fn remember(site: &Site, b: &Builder, exe: &Arc<LoadedExecutable>, wr
         plans.by_hash.clear();
         plans.count = 0;
     }
-    plans.count += 1;
-    plans.by_hash.entry(hash).or_default().push(Arc::new(plan));
+    // A plan whose program the cache evicted gives way to this one.
+    let candidates = plans.by_hash.entry(hash).or_default();
+    let before = candidates.len();
+    candidates.retain(|p| p.exe.strong_count() > 0);
+    let evicted = before - candidates.len();
+    candidates.push(Arc::new(plan));
+    plans.count = plans.count + 1 - evicted;
 }
