@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::ir::{Graph, Node, TensorType};
 use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client};
-use crate::storage::{self, ElementRead, Storage, View};
+use crate::storage::{self, ElementRead, View};
 
 /// The elements `read` names on the host: a program slices them out on the
 /// device, so only they are copied.
@@ -173,35 +173,14 @@ pub(super) fn run(mut b: Builder, site: &plan::Site) -> Result<Vec<Output>> {
             }
         });
     }
-    plan::remember(site, &b, &exe, &written);
-    let mut results = launch::launch(b.client, device_index, &exe, &args, &[])?.into_iter();
-
-    let mut outputs = Vec::with_capacity(b.outputs.len());
-    for out in &b.outputs {
-        outputs.push(match out {
-            PendingOutput::Alias(i) => Output::Alias(*i),
-            PendingOutput::None => Output::None,
-            PendingOutput::New { value, sizes } => {
-                let buffer = results
-                    .next()
-                    .ok_or_else(|| Error::invalid("program outputs", "one per result", "fewer"))?;
-                let dtype = b.graph.ty(*value).dtype;
-                let storage = Storage::from_buffer(b.client, device_index, buffer, dtype)?;
-                Output::New {
-                    storage,
-                    view: View::contiguous(sizes, dtype),
-                }
-            }
-        });
-    }
-    for &i in &written {
-        let buffer = results
-            .next()
-            .ok_or_else(|| Error::invalid("program outputs", "one per written storage", "fewer"))?;
-        let dtype = b.graph.ty(b.slots[i].flat).dtype;
-        b.slots[i].storage.set_value(buffer, dtype)?;
-    }
-    Ok(outputs)
+    let template = plan::output_template(&b);
+    plan::remember(site, &b, &exe, &template, &written);
+    let results = launch::launch(b.client, device_index, &exe, &args, &[])?;
+    let written = written.iter().map(|&i| {
+        let slot = &b.slots[i];
+        (&slot.storage, b.graph.ty(slot.flat).dtype)
+    });
+    plan::install_results(b.client, device_index, &template, written, results)
 }
 
 type HostInputKey = (usize, usize, DType, Vec<i64>, Vec<u8>);

@@ -69,7 +69,9 @@ enum Input {
     },
 }
 
-enum PlanOutput {
+/// What an output of the op becomes.
+#[derive(Clone)]
+pub(super) enum PlanOutput {
     Alias(usize),
     None,
     New { sizes: Dims, dtype: DType },
@@ -277,33 +279,63 @@ pub(super) fn replay(client: &Client, op: usize, args: &[Arg]) -> Result<Option<
     metrics::add(Metric::CacheHits, 1);
     metrics::add(Metric::OpsReplayed, 1);
     let results = launch::launch(client, plan.device_index, &exe, &inputs, &[])?;
+    let written = plan
+        .written
+        .iter()
+        .map(|&(i, dtype)| (&tensors[i].storage, dtype));
+    install_results(client, plan.device_index, &plan.outputs, written, results).map(Some)
+}
+
+/// What each output of the op `b` built becomes.
+pub(super) fn output_template(b: &Builder) -> Vec<PlanOutput> {
+    b.outputs
+        .iter()
+        .map(|o| match o {
+            PendingOutput::Alias(i) => PlanOutput::Alias(*i),
+            PendingOutput::None => PlanOutput::None,
+            PendingOutput::New { value, sizes } => PlanOutput::New {
+                sizes: sizes.clone(),
+                dtype: b.graph.ty(*value).dtype,
+            },
+        })
+        .collect()
+}
+
+/// The op's outputs from its program's `results` on `device_index`: a new
+/// tensor for each new output of `template`, in order, then the next value
+/// of each storage `written` (with the dtype written).
+pub(super) fn install_results<'a>(
+    client: &Client,
+    device_index: usize,
+    template: &[PlanOutput],
+    written: impl IntoIterator<Item = (&'a Arc<Storage>, DType)>,
+    results: Vec<Buffer>,
+) -> Result<Vec<Output>> {
     let mut results = results.into_iter();
-    let mut outputs = Vec::with_capacity(plan.outputs.len());
-    for out in &plan.outputs {
+    let mut next = || {
+        results.next().ok_or_else(|| {
+            Error::invalid(
+                "program outputs",
+                "one per output and written storage",
+                "fewer",
+            )
+        })
+    };
+    let mut outputs = Vec::with_capacity(template.len());
+    for out in template {
         outputs.push(match out {
             PlanOutput::Alias(i) => Output::Alias(*i),
             PlanOutput::None => Output::None,
-            PlanOutput::New { sizes, dtype } => {
-                let buffer = next_result(&mut results)?;
-                Output::New {
-                    storage: Storage::from_buffer(client, plan.device_index, buffer, *dtype)?,
-                    view: View::contiguous(sizes, *dtype),
-                }
-            }
+            PlanOutput::New { sizes, dtype } => Output::New {
+                storage: Storage::from_buffer(client, device_index, next()?, *dtype)?,
+                view: View::contiguous(sizes, *dtype),
+            },
         });
     }
-    for &(i, dtype) in &plan.written {
-        tensors[i]
-            .storage
-            .set_value(next_result(&mut results)?, dtype)?;
+    for (storage, dtype) in written {
+        storage.set_value(next()?, dtype)?;
     }
-    Ok(Some(outputs))
-}
-
-fn next_result(results: &mut impl Iterator<Item = Buffer>) -> Result<Buffer> {
-    results
-        .next()
-        .ok_or_else(|| Error::invalid("program outputs", "one per planned output", "fewer"))
+    Ok(outputs)
 }
 
 /// A call about to build its op: which op, and the host reads so far (a
@@ -322,11 +354,18 @@ impl Site {
     }
 }
 
-/// Keeps the plan of an eager call whose built op `b` runs `exe` and
-/// writes the storages of its slots `written`, when later calls can reuse
+/// Keeps the plan of an eager call whose built op `b` runs `exe`, makes
+/// the outputs `template` and writes the storages of its slots `written`,
+/// when later calls can reuse
 /// it: from the second call with the same key on (what is called once,
 /// a scalar never seen before, costs no plan).
-pub(super) fn remember(site: &Site, b: &Builder, exe: &Arc<LoadedExecutable>, written: &[usize]) {
+pub(super) fn remember(
+    site: &Site,
+    b: &Builder,
+    exe: &Arc<LoadedExecutable>,
+    template: &[PlanOutput],
+    written: &[usize],
+) {
     if storage::host_reads() != site.host_reads || !b.checks.is_empty() {
         return;
     }
@@ -376,18 +415,6 @@ pub(super) fn remember(site: &Site, b: &Builder, exe: &Arc<LoadedExecutable>, wr
         };
         planned_written.push((i, b.graph.ty(slot.flat).dtype));
     }
-    let outputs = b
-        .outputs
-        .iter()
-        .map(|o| match o {
-            PendingOutput::Alias(i) => PlanOutput::Alias(*i),
-            PendingOutput::None => PlanOutput::None,
-            PendingOutput::New { value, sizes } => PlanOutput::New {
-                sizes: sizes.clone(),
-                dtype: b.graph.ty(*value).dtype,
-            },
-        })
-        .collect();
     let plan = Plan {
         op: site.op,
         client_id: b.client.id(),
@@ -395,7 +422,7 @@ pub(super) fn remember(site: &Site, b: &Builder, exe: &Arc<LoadedExecutable>, wr
         args: keys,
         exe: Arc::downgrade(exe),
         inputs,
-        outputs,
+        outputs: template.to_vec(),
         written: planned_written,
     };
     let mut plans = plans();
