@@ -1,6 +1,7 @@
-//! The engine: runs what op lowerings build, eagerly (`eager`), recorded
-//! into one pending graph per device (`deferred`), or captured for replay
-//! (`capture`); caches executables and explains recompiles (`cache`).
+//! The engine: runs what op lowerings build, eagerly (`eager`; a repeated
+//! eager call by its first call's plan, `plan`), recorded into one pending
+//! graph per device (`deferred`), or captured for replay (`capture`);
+//! caches executables and explains recompiles (`cache`).
 
 pub mod cache;
 pub mod capture;
