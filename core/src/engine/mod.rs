@@ -83,13 +83,11 @@ pub fn call(client: &Client, op: usize, args: &[Arg]) -> Result<Vec<Output>> {
     install_pending_work();
     let start = Instant::now();
     let current = mode::current();
-    if current == mode::Mode::Eager {
-        if let Some(outputs) = plan::replay(client, op, args)? {
-            metrics::add(Metric::OpsRun, 1);
-            return Ok(outputs);
-        }
+    let site = plan::Site::new(client, op, args, current == mode::Mode::Eager);
+    if let Some(outputs) = plan::replay(&site, client, args)? {
+        metrics::add(Metric::OpsRun, 1);
+        return Ok(outputs);
     }
-    let site = plan::Site::new(op);
     let mut builder = Builder::new(client, def.name, args, current)?;
     (def.lower)(&mut builder)?;
     let outputs = eager::run(builder, &site)?;

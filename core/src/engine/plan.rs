@@ -235,11 +235,14 @@ fn plans() -> std::sync::MutexGuard<'static, Plans> {
     super::global(&PLANS)
 }
 
-/// Runs op `op` on `args` by an earlier call's plan; None when no plan
-/// matches the call or a storage it reads holds no plain buffer now (the
-/// caller then builds the op).
-pub(super) fn replay(client: &Client, op: usize, args: &[Arg]) -> Result<Option<Vec<Output>>> {
-    let hash = hash_of(op, client, args);
+/// Runs the eager call `site` (op `site.op` on `args`) by an earlier
+/// call's plan; None outside eager mode, when no plan matches the call, or
+/// when a storage it reads holds no plain buffer now (the caller then
+/// builds the op).
+pub(super) fn replay(site: &Site, client: &Client, args: &[Arg]) -> Result<Option<Vec<Output>>> {
+    let (op, Some(hash)) = (site.op, site.key_hash) else {
+        return Ok(None);
+    };
     let plan = {
         let plans = plans();
         let Some(candidates) = plans.by_hash.get(&hash) else {
@@ -338,17 +341,20 @@ pub(super) fn install_results<'a>(
     Ok(outputs)
 }
 
-/// A call about to build its op: which op, and the host reads so far (a
-/// build that read tensor values on the host is not planned).
+/// A call of an op: which op, the hash of its key in eager mode (what
+/// plans are looked up and kept by), and the host reads before it (a build
+/// that read tensor values on the host is not planned).
 pub(super) struct Site {
     op: usize,
+    key_hash: Option<u64>,
     host_reads: u64,
 }
 
 impl Site {
-    pub(super) fn new(op: usize) -> Site {
+    pub(super) fn new(client: &Client, op: usize, args: &[Arg], eager: bool) -> Site {
         Site {
             op,
+            key_hash: eager.then(|| hash_of(op, client, args)),
             host_reads: storage::host_reads(),
         }
     }
@@ -369,7 +375,9 @@ pub(super) fn remember(
     if storage::host_reads() != site.host_reads || !b.checks.is_empty() {
         return;
     }
-    let hash = hash_of(site.op, b.client, b.args());
+    let Some(hash) = site.key_hash else {
+        return;
+    };
     {
         let mut plans = plans();
         if plans.seen.len() >= MAX_PLANS {
