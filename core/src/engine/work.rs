@@ -8,6 +8,8 @@
 //! marker holds the launches not yet finished when it was made; ops still
 //! pending in deferred mode are not launched yet, so no marker covers them.
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
@@ -19,9 +21,11 @@ use crate::runtime::{Buffer, Client, Event};
 /// One launched program.
 struct Launch {
     ready: Event,
-    /// When it finished: set by the event's callback (or by whoever first
-    /// sees the event ready, should that come before the callback).
+    /// When it finished: set by the event's callback once a marker asked
+    /// for it (`time`), or by whoever first sees the event ready.
     finished_at: Arc<OnceLock<Instant>>,
+    /// Whether `time` registered the callback already.
+    timed: AtomicBool,
     /// Input buffers the program took over (donated). Destroying such a
     /// handle waits until the program has run (the CPU plugin blocks), so
     /// they are dropped with the launch, once it finished.
@@ -39,14 +43,44 @@ impl Launch {
             .is_ready()?
             .then(|| *self.finished_at.get_or_init(Instant::now)))
     }
+
+    /// Has the event's callback note when the program finishes, which a
+    /// marker's timing needs to the microsecond. Not done per launch: the
+    /// callback cost an eager op a few percent of its host time.
+    fn time(&self) -> Result<()> {
+        if self.timed.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        // Not the launch itself: its last reference must not drop on the
+        // plugin's thread, inside the callback.
+        let set = self.finished_at.clone();
+        self.ready.on_ready(Box::new(move || {
+            set.get_or_init(Instant::now);
+        }))
+    }
 }
 
-/// Launches not known to be finished, per (client id, device index).
-type InFlight = FxHashMap<(usize, usize), Vec<Arc<Launch>>>;
+/// Launches not known to be finished, per (client id, device index), in
+/// launch order.
+type InFlight = FxHashMap<(usize, usize), VecDeque<Arc<Launch>>>;
 
 fn in_flight() -> MutexGuard<'static, InFlight> {
     static IN_FLIGHT: OnceLock<Mutex<InFlight>> = OnceLock::new();
     super::global(&IN_FLIGHT)
+}
+
+/// Lets go of the launches at the front of `launches` that have finished.
+/// A device runs its programs in about the order they were launched, so
+/// this keeps the list short while asking about one or two events per
+/// launch, not every one in flight.
+fn let_go_of_finished(launches: &mut VecDeque<Arc<Launch>>) -> Result<()> {
+    while let Some(first) = launches.front() {
+        if first.finished()?.is_none() {
+            break;
+        }
+        launches.pop_front();
+    }
+    Ok(())
 }
 
 /// Registers a program just launched on `device_index` of `client`, which
@@ -57,17 +91,15 @@ pub(super) fn launched(
     ready: Event,
     donated: Vec<Arc<Buffer>>,
 ) -> Result<()> {
-    let finished_at = Arc::new(OnceLock::new());
-    let set = finished_at.clone();
-    ready.on_ready(Box::new(move || {
-        set.get_or_init(Instant::now);
-    }))?;
     let mut all = in_flight();
     let launches = all.entry((client.id(), device_index)).or_default();
-    launches.retain(|l| l.finished_at.get().is_none());
-    launches.push(Arc::new(Launch {
+    let_go_of_finished(launches)?;
+    // Kept even when it finished already: a wait made before the next
+    // launch reports its error.
+    launches.push_back(Arc::new(Launch {
         ready,
-        finished_at,
+        finished_at: Arc::new(OnceLock::new()),
+        timed: AtomicBool::new(false),
         _donated: donated,
     }));
     Ok(())
@@ -87,9 +119,12 @@ impl Marker {
         let made_at = Instant::now();
         let mut all = in_flight();
         let launches = all.entry((client.id(), device_index)).or_default();
-        launches.retain(|l| l.finished_at.get().is_none());
+        let_go_of_finished(launches)?;
+        for launch in launches.iter() {
+            launch.time()?;
+        }
         Ok(Marker {
-            launches: launches.clone(),
+            launches: launches.iter().cloned().collect(),
             made_at,
         })
     }

@@ -7,6 +7,7 @@ use crate::runtime::sys::{self, Args, PJRT_Buffer};
 
 use super::client::{Client, ClientInner, Device};
 use super::event::Event;
+use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metric};
@@ -18,7 +19,7 @@ pub struct Buffer {
     /// The element type and dimensions, asked of PJRT on first use: they
     /// never change, and each launch checks its arguments' against the
     /// program's (two PJRT calls per argument, a few percent of an eager op).
-    shape: OnceLock<(DType, Vec<i64>)>,
+    shape: OnceLock<(DType, Dims)>,
 }
 
 // SAFETY: PJRT buffers are thread-safe handles.
@@ -149,21 +150,21 @@ impl Buffer {
     }
 
     pub fn dims(&self) -> Result<Vec<i64>> {
-        Ok(self.shape()?.1.clone())
+        Ok(self.shape()?.1.to_vec())
     }
 
-    pub(crate) fn shape(&self) -> Result<&(DType, Vec<i64>)> {
+    pub(crate) fn shape(&self) -> Result<&(DType, Dims)> {
         if let Some(shape) = self.shape.get() {
             return Ok(shape);
         }
-        let shape = self.plugin_shape()?;
-        Ok(self.shape.get_or_init(|| shape))
+        let (dtype, dims) = self.plugin_shape()?;
+        Ok(self.shape.get_or_init(|| (dtype, dims.into())))
     }
 
     /// Records the buffer's shape where its maker knows it (the type of an
     /// executable's output), sparing `shape` the plugin's answer.
     pub(crate) fn know_shape(&self, dtype: DType, dims: &[i64]) {
-        let _ = self.shape.set((dtype, dims.to_vec()));
+        let _ = self.shape.set((dtype, Dims::from(dims)));
     }
 
     /// The shape as the plugin reports it.

@@ -1,6 +1,7 @@
 //! Compiling StableHLO, executing on one or several devices, and
 //! (de)serialising executables.
 
+use std::cell::Cell;
 use std::ffi::c_char;
 use std::fmt;
 use std::sync::Arc;
@@ -70,6 +71,23 @@ impl Drop for LoadedExecutable {
         // SAFETY: `raw` is owned by `self` and destroyed exactly once.
         let _ = unsafe { pjrt_call!(self.client.plugin, PJRT_LoadedExecutable_Destroy, &mut args) };
     }
+}
+
+/// The arrays one execution hands PJRT, kept per thread between
+/// executions. Taken out while in use, so an execution that starts inside
+/// another (none does today) makes its own.
+#[derive(Default)]
+struct ExecuteArrays {
+    non_donatable: Vec<i64>,
+    arg_rows: Vec<*mut PJRT_Buffer>,
+    arg_ptrs: Vec<*const *mut PJRT_Buffer>,
+    out_rows: Vec<*mut PJRT_Buffer>,
+    out_ptrs: Vec<*mut *mut PJRT_Buffer>,
+    events: Vec<*mut PJRT_Event>,
+}
+
+thread_local! {
+    static EXECUTE_ARRAYS: Cell<ExecuteArrays> = Cell::default();
 }
 
 /// An enqueued execution.
@@ -599,26 +617,36 @@ impl LoadedExecutable {
                 bad,
             ));
         }
-        let non_donatable: Vec<i64> = (0..num_args)
-            .filter(|i| !donate.contains(i))
-            .map(|i| i as i64)
-            .collect();
-
+        // The pointer arrays PJRT reads and fills, reused from the last
+        // execution on this thread: an eager op made six small vectors here.
+        let mut arrays = EXECUTE_ARRAYS.take();
+        let ExecuteArrays {
+            non_donatable,
+            arg_rows,
+            arg_ptrs,
+            out_rows,
+            out_ptrs,
+            events,
+        } = &mut arrays;
+        non_donatable.clear();
+        non_donatable.extend(
+            (0..num_args)
+                .filter(|i| !donate.contains(i))
+                .map(|i| i as i64),
+        );
         // Each device's arguments and outputs, row after row in one array.
-        let arg_rows: Vec<*mut PJRT_Buffer> = args
-            .iter()
-            .flat_map(|row| row.iter().map(|b| b.raw))
-            .collect();
-        let arg_ptrs: Vec<*const *mut PJRT_Buffer> = (0..num_devices)
-            .map(|d| arg_rows.as_ptr().wrapping_add(d * num_args))
-            .collect();
+        arg_rows.clear();
+        arg_rows.extend(args.iter().flat_map(|row| row.iter().map(|b| b.raw)));
+        arg_ptrs.clear();
+        arg_ptrs.extend((0..num_devices).map(|d| arg_rows.as_ptr().wrapping_add(d * num_args)));
         let num_outputs = self.num_outputs;
-        let mut out_rows = vec![std::ptr::null_mut::<PJRT_Buffer>(); num_devices * num_outputs];
+        out_rows.clear();
+        out_rows.resize(num_devices * num_outputs, std::ptr::null_mut());
         let out_base = out_rows.as_mut_ptr();
-        let out_ptrs: Vec<*mut *mut PJRT_Buffer> = (0..num_devices)
-            .map(|d| out_base.wrapping_add(d * num_outputs))
-            .collect();
-        let mut events: Vec<*mut PJRT_Event> = vec![std::ptr::null_mut(); num_devices];
+        out_ptrs.clear();
+        out_ptrs.extend((0..num_devices).map(|d| out_base.wrapping_add(d * num_outputs)));
+        events.clear();
+        events.resize(num_devices, std::ptr::null_mut());
 
         let mut exec_options = sys::PJRT_ExecuteOptions::new();
         exec_options.non_donatable_input_indices = non_donatable.as_ptr();
@@ -645,25 +673,23 @@ impl LoadedExecutable {
         // so nothing leaks when one device fails.
         let outputs: Vec<Vec<Buffer>> = (0..num_devices)
             .map(|d| {
-                out_rows[d * num_outputs..(d + 1) * num_outputs]
-                    .iter()
-                    .copied()
-                    .enumerate()
-                    .filter(|(_, raw)| !raw.is_null())
-                    .map(|(i, raw)| {
-                        let buffer = Buffer::from_raw(self.client.clone(), raw);
-                        if let Some(ty) = self.outputs.as_ref().and_then(|o| o.get(i)) {
-                            buffer.know_shape(ty.dtype, &ty.dims);
-                        }
-                        buffer
-                    })
-                    .collect()
+                let row = &out_rows[d * num_outputs..(d + 1) * num_outputs];
+                let mut buffers = Vec::with_capacity(num_outputs);
+                for (i, &raw) in row.iter().enumerate().filter(|(_, raw)| !raw.is_null()) {
+                    let buffer = Buffer::from_raw(self.client.clone(), raw);
+                    if let Some(ty) = self.outputs.as_ref().and_then(|o| o.get(i)) {
+                        buffer.know_shape(ty.dtype, &ty.dims);
+                    }
+                    buffers.push(buffer);
+                }
+                buffers
             })
             .collect();
         let events: Vec<Option<Event>> = events
-            .into_iter()
-            .map(|raw| Event::from_raw(self.client.plugin, raw))
+            .iter()
+            .map(|&raw| Event::from_raw(self.client.plugin, raw))
             .collect();
+        EXECUTE_ARRAYS.set(arrays);
         Ok(Execution {
             outputs,
             finished: events,
