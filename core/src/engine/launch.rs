@@ -92,7 +92,7 @@ pub(super) fn launch(
     let buffers = outputs.into_iter().next().unwrap_or_default();
     if let Some(Some(finished)) = finished.into_iter().next() {
         let donated = donate.iter().map(|&d| args[d].clone()).collect();
-        work::launched(client, device_index, finished, donated)?;
+        work::launched(client, device_index, finished, donated);
     }
     Ok(buffers)
 }

@@ -173,7 +173,7 @@ fn execute(
         .zip(donated.iter_mut())
     {
         if let Some(Some(ready)) = finished.next() {
-            work::launched(client, mesh[partition], ready, std::mem::take(donated))?;
+            work::launched(client, mesh[partition], ready, std::mem::take(donated));
         }
         by_partition[partition] = device_results.into_iter().map(Some).collect();
     }

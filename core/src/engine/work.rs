@@ -72,15 +72,15 @@ fn in_flight() -> MutexGuard<'static, InFlight> {
 /// Lets go of the launches at the front of `launches` that have finished.
 /// A device runs its programs in about the order they were launched, so
 /// this keeps the list short while asking about one or two events per
-/// launch, not every one in flight.
-fn let_go_of_finished(launches: &mut VecDeque<Arc<Launch>>) -> Result<()> {
-    while let Some(first) = launches.front() {
-        if first.finished()?.is_none() {
-            break;
-        }
+/// launch, not every one in flight. A launch whose event cannot be asked
+/// stays: waiting for it reports why.
+fn let_go_of_finished(launches: &mut VecDeque<Arc<Launch>>) {
+    while launches
+        .front()
+        .is_some_and(|first| matches!(first.finished(), Ok(Some(_))))
+    {
         launches.pop_front();
     }
-    Ok(())
 }
 
 /// Registers a program just launched on `device_index` of `client`, which
@@ -90,10 +90,10 @@ pub(super) fn launched(
     device_index: usize,
     ready: Event,
     donated: Vec<Arc<Buffer>>,
-) -> Result<()> {
+) {
     let mut all = in_flight();
     let launches = all.entry((client.id(), device_index)).or_default();
-    let_go_of_finished(launches)?;
+    let_go_of_finished(launches);
     // Kept even when it finished already: a wait made before the next
     // launch reports its error.
     launches.push_back(Arc::new(Launch {
@@ -102,7 +102,6 @@ pub(super) fn launched(
         timed: AtomicBool::new(false),
         _donated: donated,
     }));
-    Ok(())
 }
 
 /// A point in a device's work: everything launched on it before the marker
@@ -119,7 +118,7 @@ impl Marker {
         let made_at = Instant::now();
         let mut all = in_flight();
         let launches = all.entry((client.id(), device_index)).or_default();
-        let_go_of_finished(launches)?;
+        let_go_of_finished(launches);
         for launch in launches.iter() {
             launch.time()?;
         }
