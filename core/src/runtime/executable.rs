@@ -619,7 +619,8 @@ impl LoadedExecutable {
         }
         // The pointer arrays PJRT reads and fills, reused from the last
         // execution on this thread: an eager op made six small vectors here.
-        let mut arrays = EXECUTE_ARRAYS.take();
+        // (A thread being torn down has none to reuse, nor keeps them.)
+        let mut arrays = EXECUTE_ARRAYS.try_with(Cell::take).unwrap_or_default();
         let ExecuteArrays {
             non_donatable,
             arg_rows,
@@ -689,7 +690,7 @@ impl LoadedExecutable {
             .iter()
             .map(|&raw| Event::from_raw(self.client.plugin, raw))
             .collect();
-        EXECUTE_ARRAYS.set(arrays);
+        let _ = EXECUTE_ARRAYS.try_with(|kept| kept.set(arrays));
         Ok(Execution {
             outputs,
             finished: events,
