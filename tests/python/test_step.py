@@ -107,6 +107,73 @@ def test_host_reads_and_writes_inside_a_step_see_and_keep_program_order():
     assert torch.tpu.get_execution_mode() == "eager"
 
 
+def recorded_by_plan(fn):
+    """How many ops `fn()` recorded from an earlier call's graph."""
+    before = rtpu.metrics()["ops_recorded_by_plan"]
+    fn()
+    return rtpu.metrics()["ops_recorded_by_plan"] - before
+
+
+def test_repeated_recorded_ops_reuse_their_graphs_with_each_calls_tensors():
+    x, y = torch.randn(6, 4), torch.randn(6, 4)
+    t, u = x.to(DEVICE), y.to(DEVICE)
+    want_t = x.clone()
+    for i in range(4):
+        # New values every step, the same shapes: a graph reused from an
+        # earlier step reads this step's tensors. Plans are made on the
+        # second step.
+        a_cpu, b_cpu = torch.randn(6, 4), torch.randn(6, 4)
+        a, b = a_cpu.to(DEVICE), b_cpu.to(DEVICE)
+        out = torch.empty(4, 6, device=DEVICE)
+        results = {}
+
+        def step():
+            with rtpu.step():
+                results["sum"] = a * 1.5 + b
+                # In place, the same storage twice, an out= tensor and a
+                # transposed view.
+                t.add_(u, alpha=0.5)
+                t.mul_(t)
+                results["out"] = torch.sub(t.t(), u.t(), out=out)
+
+        n = recorded_by_plan(step)
+        assert n > 0 or i < 2
+        want_t.add_(y, alpha=0.5).mul_(want_t)
+        torch.testing.assert_close(results["sum"].cpu(), a_cpu * 1.5 + b_cpu)
+        torch.testing.assert_close(t.cpu(), want_t)
+        assert results["out"] is out
+        torch.testing.assert_close(out.cpu(), want_t.t() - y.t())
+
+
+def test_a_recorded_graph_is_not_reused_for_a_storage_holding_other_values():
+    x = torch.randn(5)
+    # Graphs made while each storage holds float32 values...
+    for _ in range(3):
+        t = x.to(DEVICE)
+        with rtpu.step():
+            doubled = t * 2
+        torch.testing.assert_close(doubled.cpu(), x * 2)
+    # ...are not reused once the storage holds int32 ones (written through
+    # an int32 view, the same bits): the op reads them through a bitcast.
+    t = x.to(DEVICE)
+    with rtpu.step():
+        t.view(torch.int32).add_(0)
+        doubled = t * 2
+    torch.testing.assert_close(doubled.cpu(), x * 2)
+    # A never-written storage (rtpu's empty) reads as zeros, a constant of
+    # the op's graph; graphs made so are not reused once a storage holds a
+    # value.
+    for _ in range(3):
+        never_written = torch.empty(5, device=DEVICE)
+        with rtpu.step():
+            shifted = never_written + t
+        torch.testing.assert_close(shifted.cpu(), x)
+    written = torch.zeros(5, device=DEVICE).fill_(3.0)
+    with rtpu.step():
+        shifted = written + t
+    torch.testing.assert_close(shifted.cpu(), x + 3)
+
+
 def test_deferred_mode_runs_at_sync_and_host_reads():
     x_cpu = torch.randn(4, 4)
     x = x_cpu.to(DEVICE)

@@ -135,6 +135,7 @@ pub(crate) struct StorageSlot {
     pub(crate) written: bool,
 }
 
+#[derive(Clone)]
 pub(crate) enum PendingOutput {
     Alias(usize),
     New { value: ValueId, sizes: Dims },
@@ -261,6 +262,36 @@ impl<'a> Builder<'a> {
             mode,
             checks: room.checks,
         })
+    }
+
+    /// A builder for `op` on `args` whose graph, sources, slots and outputs
+    /// the caller fills in (an earlier call's, rebound to these arguments):
+    /// no lowering runs, and the arguments' views were checked when that
+    /// call's were, against the same storage sizes.
+    pub(crate) fn prebuilt(
+        client: &'a Client,
+        op: &'static str,
+        args: &'a [Arg],
+        mode: Mode,
+        device_index: Option<usize>,
+    ) -> Builder<'a> {
+        let room = SPARE_ROOM.with(Cell::take).unwrap_or_default();
+        Builder {
+            client,
+            op,
+            args,
+            graph: Graph {
+                params: room.params,
+                nodes: room.nodes,
+                ..Graph::default()
+            },
+            sources: room.sources,
+            slots: room.slots,
+            outputs: room.outputs,
+            device_index,
+            mode,
+            checks: room.checks,
+        }
     }
 
     pub fn op_name(&self) -> &'static str {

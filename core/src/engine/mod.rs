@@ -83,13 +83,22 @@ pub fn call(client: &Client, op: usize, args: &[Arg]) -> Result<Vec<Output>> {
     install_pending_work();
     let start = Instant::now();
     let current = mode::current();
-    let site = plan::Site::new(client, op, args, current == mode::Mode::Eager);
+    let site = plan::Site::new(client, op, args, current);
     if let Some(outputs) = plan::replay(&site, client, args)? {
         metrics::add(Metric::OpsRun, 1);
         return Ok(outputs);
     }
-    let mut builder = Builder::new(client, def.name, args, current)?;
-    (def.lower)(&mut builder)?;
+    let builder = match plan::rebuild(&site, client, def.name, args) {
+        Some(builder) => builder,
+        None => {
+            let mut builder = Builder::new(client, def.name, args, current)?;
+            (def.lower)(&mut builder)?;
+            if current == mode::Mode::Deferred {
+                plan::remember_recorded(&site, &builder);
+            }
+            builder
+        }
+    };
     let outputs = eager::run(builder, &site)?;
     if current != mode::Mode::Eager {
         metrics::add_elapsed(Metric::RecordNs, start);

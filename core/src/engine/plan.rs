@@ -1,10 +1,14 @@
-//! Plans of eager ops. An op called eagerly again with arguments of the
-//! same kind (tensors of the same storages' sizes, views and dtypes, the
-//! same scalar values) builds the same graph, so its first call keeps what
-//! running it takes: the executable, where each input comes from, and what
-//! each output becomes. Later calls check their arguments against that and
+//! Plans of ops. An op called again with arguments of the same kind
+//! (tensors of the same storages' sizes, views and dtypes, the same scalar
+//! values) builds the same graph, so its first call keeps what running it
+//! takes. Eagerly: the executable, where each input comes from, and what
+//! each output becomes; later calls check their arguments against that and
 //! launch, without building the op's graph again, lowering it or looking
 //! its program up (~5k of an eager elementwise op's ~36k instructions).
+//! Recorded in a step (deferred mode): the op's graph, with the storages it
+//! reads and writes as argument positions; later calls whose storages hold
+//! values of the same dtypes record a copy of it rebound to theirs, without
+//! lowering the op again.
 //!
 //! A lowering whose graph depends on anything else is not planned: one that
 //! read tensor values on the host (masks, indices, range checks), one with
@@ -17,10 +21,13 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use rustc_hash::{FxHashMap, FxHashSet, FxHasher};
 
 use super::{host_input, launch};
-use crate::builder::{Arg, Builder, Output, ParamSource, PendingOutput, TensorArg};
+use crate::builder::{
+    Arg, Builder, Mode, Output, ParamSource, PendingOutput, StorageSlot, TensorArg,
+};
 use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ir::{Node, TensorType, ValueId};
 use crate::metrics::{self, Metric};
 use crate::runtime::{Buffer, Client, LoadedExecutable};
 use crate::storage::{self, Storage, StorageValue, View};
@@ -36,6 +43,29 @@ struct TensorKey {
     device_index: usize,
     nbytes: usize,
     view: View,
+    /// What its storage holds when recorded (deferred mode): an op reads
+    /// a never-written storage as zeros, and any other by its dtype. None
+    /// in eager plans, which check the buffer they launch with instead.
+    recorded: Option<RecordedValue>,
+}
+
+/// What a recorded op's lowering sees of a storage's value.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum RecordedValue {
+    Zeros,
+    Flat(DType),
+}
+
+/// What `storage` holds as a recorded op reads it; None for the values a
+/// recording is not planned for (sharded, or lost to a failed graph).
+fn recorded_value(storage: &Storage) -> Option<RecordedValue> {
+    storage.with_recorded_value(|value| match value {
+        StorageValue::Zeros => Some(RecordedValue::Zeros),
+        StorageValue::Buffer { dtype, .. } | StorageValue::Pending { dtype } => {
+            Some(RecordedValue::Flat(*dtype))
+        }
+        StorageValue::Sharded { .. } | StorageValue::Failed { .. } => None,
+    })
 }
 
 /// One argument, as a plan is specialised on it.
@@ -82,28 +112,77 @@ struct Plan {
     client_id: usize,
     device_index: usize,
     args: Vec<ArgKey>,
-    /// Held by the executable cache: a plan does not keep a program the
-    /// cache evicted (past RTPU_MEMORY_CACHE_ENTRIES) alive.
-    exe: Weak<LoadedExecutable>,
-    inputs: Vec<Input>,
-    outputs: Vec<PlanOutput>,
-    /// The tensors whose storages the op writes (at their index in the
-    /// call), in the order of the executable's outputs after the new ones,
-    /// with the dtype of the value written.
-    written: Vec<(usize, DType)>,
+    kind: PlanKind,
+}
+
+enum PlanKind {
+    /// An eager call's: launch its executable.
+    Launch {
+        /// Held by the executable cache: a plan does not keep a program the
+        /// cache evicted (past RTPU_MEMORY_CACHE_ENTRIES) alive.
+        exe: Weak<LoadedExecutable>,
+        inputs: Vec<Input>,
+        outputs: Vec<PlanOutput>,
+        /// The tensors whose storages the op writes (at their index in the
+        /// call), in the order of the executable's outputs after the new
+        /// ones, with the dtype of the value written.
+        written: Vec<(usize, DType)>,
+    },
+    /// A recorded call's: record its graph again.
+    Record(RecordedOp),
+}
+
+impl PlanKind {
+    /// Whether the plan can still run: not when the memory cache evicted
+    /// its program.
+    fn live(&self) -> bool {
+        match self {
+            PlanKind::Launch { exe, .. } => exe.strong_count() > 0,
+            PlanKind::Record(_) => true,
+        }
+    }
+}
+
+/// A recorded op's graph, its storages named by the position of a tensor
+/// of the call on them (Tensor arguments and list elements, in order).
+struct RecordedOp {
+    params: Vec<TensorType>,
+    nodes: Vec<(Node, TensorType)>,
+    sources: Vec<RecordedSource>,
+    slots: Vec<RecordedSlot>,
+    outputs: Vec<PendingOutput>,
+}
+
+enum RecordedSource {
+    /// The value of the storage of the call's tensor at this index, as the
+    /// op first read it.
+    Storage { tensor: usize, view: View },
+    Host {
+        bytes: Vec<u8>,
+        dtype: DType,
+        dims: Vec<i64>,
+    },
+}
+
+struct RecordedSlot {
+    tensor: usize,
+    flat: ValueId,
+    param: Option<usize>,
+    written: bool,
 }
 
 /// The call's tensors in order: Tensor arguments and the elements of
 /// tensor lists.
-fn tensors(args: &[Arg]) -> impl Iterator<Item = &TensorArg> {
-    args.iter().flat_map(|a| {
-        let (one, list) = match a {
-            Arg::Tensor(t) => (Some(t), None),
-            Arg::TensorList(list) => (None, Some(list.iter().flatten())),
-            _ => (None, None),
-        };
-        one.into_iter().chain(list.into_iter().flatten())
-    })
+fn tensors(args: &[Arg]) -> Vec<&TensorArg> {
+    let mut tensors = Vec::with_capacity(args.len());
+    for arg in args {
+        match arg {
+            Arg::Tensor(t) => tensors.push(t),
+            Arg::TensorList(list) => tensors.extend(list.iter().flatten()),
+            _ => {}
+        }
+    }
+    tensors
 }
 
 /// The index of the first of the call's tensors seen so far (`seen`) on
@@ -115,31 +194,43 @@ fn same_as(seen: &mut Vec<*const Storage>, storage: &Arc<Storage>) -> usize {
     first
 }
 
-/// The key of each argument of a call; None when one is of a kind no plan
-/// is made for (a generator).
-fn keys(args: &[Arg]) -> Option<Vec<ArgKey>> {
+/// The key of each argument of a call, with its storages' values when
+/// `recorded`; None when one is of a kind no plan is made for (a
+/// generator, a sharded or lost value).
+fn keys(args: &[Arg], recorded: bool) -> Option<Vec<ArgKey>> {
     let mut seen = Vec::new();
-    let mut tensor_key = |t: &TensorArg| TensorKey {
-        same_as: same_as(&mut seen, &t.storage),
-        device_index: t.storage.device_index(),
-        nbytes: t.storage.nbytes(),
-        view: t.view.clone(),
+    let mut tensor_key = |t: &TensorArg| {
+        Some(TensorKey {
+            same_as: same_as(&mut seen, &t.storage),
+            device_index: t.storage.device_index(),
+            nbytes: t.storage.nbytes(),
+            view: t.view.clone(),
+            recorded: match recorded {
+                true => Some(recorded_value(&t.storage)?),
+                false => None,
+            },
+        })
     };
     args.iter()
         .map(|a| {
             Some(match a {
                 Arg::None => ArgKey::None,
-                Arg::Tensor(t) => ArgKey::Tensor(tensor_key(t)),
+                Arg::Tensor(t) => ArgKey::Tensor(tensor_key(t)?),
                 Arg::Int(v) => ArgKey::Int(*v),
                 Arg::Float(v) => ArgKey::Float(v.to_bits()),
                 Arg::Bool(v) => ArgKey::Bool(*v),
                 Arg::IntList(v) => ArgKey::IntList(v.clone()),
                 Arg::FloatList(v) => ArgKey::FloatList(v.iter().map(|f| f.to_bits()).collect()),
-                Arg::TensorList(list) => ArgKey::TensorList(
-                    list.iter()
-                        .map(|t| t.as_ref().map(&mut tensor_key))
-                        .collect(),
-                ),
+                Arg::TensorList(list) => {
+                    let mut keys = Vec::with_capacity(list.len());
+                    for t in list {
+                        keys.push(match t {
+                            Some(t) => Some(tensor_key(t)?),
+                            None => None,
+                        });
+                    }
+                    ArgKey::TensorList(keys)
+                }
                 Arg::ScalarType(d) => ArgKey::ScalarType(*d),
                 Arg::Str(s) => ArgKey::Str(s.clone()),
                 Arg::Device(d) => ArgKey::Device(*d),
@@ -160,6 +251,9 @@ fn matches(plan: &Plan, args: &[Arg]) -> bool {
             && key.view == t.view
             && key.nbytes == t.storage.nbytes()
             && key.device_index == t.storage.device_index()
+            && key
+                .recorded
+                .is_none_or(|value| recorded_value(&t.storage) == Some(value))
     };
     plan.args
         .iter()
@@ -189,19 +283,25 @@ fn matches(plan: &Plan, args: &[Arg]) -> bool {
         })
 }
 
-/// What plans are looked up by: the op, the client and the arguments'
-/// kinds, shapes and scalar values. Calls with equal keys hash alike.
-fn hash_of(op: usize, client: &Client, args: &[Arg]) -> u64 {
+/// What plans are looked up by: the op, the client, whether the call is
+/// recorded, and the arguments' kinds, shapes and scalar values (and their
+/// storages' values when recorded). Calls with equal keys hash alike. None
+/// when a recorded call reads a value no plan is made for.
+fn hash_of(op: usize, client: &Client, args: &[Arg], recorded: bool) -> Option<u64> {
     let mut h = FxHasher::default();
-    (op, client.id(), args.len()).hash(&mut h);
-    let hash_tensor = |h: &mut FxHasher, t: &TensorArg| {
+    (op, client.id(), recorded, args.len()).hash(&mut h);
+    let hash_tensor = |h: &mut FxHasher, t: &TensorArg| -> Option<()> {
         (t.storage.nbytes(), t.storage.device_index()).hash(h);
         t.view.hash(h);
+        if recorded {
+            recorded_value(&t.storage)?.hash(h);
+        }
+        Some(())
     };
     for arg in args {
         std::mem::discriminant(arg).hash(&mut h);
         match arg {
-            Arg::Tensor(t) => hash_tensor(&mut h, t),
+            Arg::Tensor(t) => hash_tensor(&mut h, t)?,
             Arg::Int(v) | Arg::Device(v) => v.hash(&mut h),
             Arg::Float(v) => v.to_bits().hash(&mut h),
             Arg::Bool(v) => v.hash(&mut h),
@@ -209,7 +309,7 @@ fn hash_of(op: usize, client: &Client, args: &[Arg]) -> u64 {
             Arg::TensorList(list) => {
                 for t in list {
                     match t {
-                        Some(t) => hash_tensor(&mut h, t),
+                        Some(t) => hash_tensor(&mut h, t)?,
                         None => 0u8.hash(&mut h),
                     }
                 }
@@ -219,7 +319,7 @@ fn hash_of(op: usize, client: &Client, args: &[Arg]) -> u64 {
             Arg::None | Arg::FloatList(_) | Arg::Generator { .. } => {}
         }
     }
-    h.finish()
+    Some(h.finish())
 }
 
 #[derive(Default)]
@@ -235,34 +335,45 @@ fn plans() -> std::sync::MutexGuard<'static, Plans> {
     super::global(&PLANS)
 }
 
+/// The plan made for calls like `site`'s on `args`, if any.
+fn find(site: &Site, client: &Client, args: &[Arg]) -> Option<Arc<Plan>> {
+    let hash = site.key_hash?;
+    let plans = plans();
+    plans
+        .by_hash
+        .get(&hash)?
+        .iter()
+        .find(|p| p.op == site.op && p.client_id == client.id() && matches(p, args))
+        .cloned()
+}
+
 /// Runs the eager call `site` (op `site.op` on `args`) by an earlier
 /// call's plan; None outside eager mode, when no plan matches the call, or
 /// when a storage it reads holds no plain buffer now (the caller then
 /// builds the op).
 pub(super) fn replay(site: &Site, client: &Client, args: &[Arg]) -> Result<Option<Vec<Output>>> {
-    let (op, Some(hash)) = (site.op, site.key_hash) else {
+    if site.mode != Mode::Eager {
+        return Ok(None);
+    }
+    let Some(plan) = find(site, client, args) else {
         return Ok(None);
     };
-    let plan = {
-        let plans = plans();
-        let Some(candidates) = plans.by_hash.get(&hash) else {
-            return Ok(None);
-        };
-        let found = candidates
-            .iter()
-            .find(|p| p.op == op && p.client_id == client.id() && matches(p, args));
-        match found {
-            Some(plan) => plan.clone(),
-            None => return Ok(None),
-        }
+    let PlanKind::Launch {
+        exe,
+        inputs: planned_inputs,
+        outputs,
+        written,
+    } = &plan.kind
+    else {
+        return Ok(None);
     };
-    let Some(exe) = plan.exe.upgrade() else {
+    let Some(exe) = exe.upgrade() else {
         return Ok(None);
     };
     let device = client.device(plan.device_index)?;
-    let tensors: Vec<&TensorArg> = tensors(args).collect();
-    let mut inputs = Vec::with_capacity(plan.inputs.len());
-    for input in &plan.inputs {
+    let tensors = tensors(args);
+    let mut inputs = Vec::with_capacity(planned_inputs.len());
+    for input in planned_inputs {
         inputs.push(match input {
             Input::Tensor(i, dtype) => {
                 let storage = &tensors[*i].storage;
@@ -282,11 +393,62 @@ pub(super) fn replay(site: &Site, client: &Client, args: &[Arg]) -> Result<Optio
     metrics::add(Metric::CacheHits, 1);
     metrics::add(Metric::OpsReplayed, 1);
     let results = launch::launch(client, plan.device_index, &exe, &inputs, &[])?;
-    let written = plan
-        .written
+    let written = written
         .iter()
         .map(|&(i, dtype)| (&tensors[i].storage, dtype));
-    install_results(client, plan.device_index, &plan.outputs, written, results).map(Some)
+    install_results(client, plan.device_index, outputs, written, results).map(Some)
+}
+
+/// The builder of the recorded call `site` (op `op_name` on `args`) made
+/// from an earlier call's plan: its graph with this call's storages; None
+/// outside deferred mode or when no plan matches the call (the caller then
+/// lowers the op).
+pub(super) fn rebuild<'a>(
+    site: &Site,
+    client: &'a Client,
+    op_name: &'static str,
+    args: &'a [Arg],
+) -> Option<Builder<'a>> {
+    if site.mode != Mode::Deferred {
+        return None;
+    }
+    let plan = find(site, client, args)?;
+    let PlanKind::Record(recorded) = &plan.kind else {
+        return None;
+    };
+    let tensors = tensors(args);
+    // A storage of another runtime is refused by the lowering.
+    if tensors
+        .iter()
+        .any(|t| t.storage.client().id() != client.id())
+    {
+        return None;
+    }
+    let mut b = Builder::prebuilt(client, op_name, args, site.mode, Some(plan.device_index));
+    b.graph.params.extend_from_slice(&recorded.params);
+    b.graph.nodes.extend_from_slice(&recorded.nodes);
+    b.sources
+        .extend(recorded.sources.iter().map(|source| match source {
+            RecordedSource::Storage { tensor, view } => ParamSource::Recorded {
+                storage: tensors[*tensor].storage.clone(),
+                view: view.clone(),
+            },
+            RecordedSource::Host { bytes, dtype, dims } => ParamSource::Host {
+                bytes: bytes.clone(),
+                dtype: *dtype,
+                dims: dims.clone(),
+            },
+        }));
+    b.slots
+        .extend(recorded.slots.iter().map(|slot| StorageSlot {
+            storage: tensors[slot.tensor].storage.clone(),
+            flat: slot.flat,
+            param: slot.param,
+            written: slot.written,
+        }));
+    b.outputs.extend_from_slice(&recorded.outputs);
+    metrics::add(Metric::OpsRecordedByPlan, 1);
+    Some(b)
 }
 
 /// What each output of the op `b` built becomes.
@@ -341,30 +503,71 @@ pub(super) fn install_results<'a>(
     Ok(outputs)
 }
 
-/// A call of an op: which op, the hash of its key in eager mode (what
-/// plans are looked up and kept by), and the host reads before it (a build
-/// that read tensor values on the host is not planned).
+/// A call of an op: which op in which mode, the hash of its key when
+/// eager or recorded (what plans are looked up and kept by), and the host
+/// reads before it (a build that read tensor values on the host is not
+/// planned).
 pub(super) struct Site {
     op: usize,
+    mode: Mode,
     key_hash: Option<u64>,
     host_reads: u64,
 }
 
 impl Site {
-    pub(super) fn new(client: &Client, op: usize, args: &[Arg], eager: bool) -> Site {
+    pub(super) fn new(client: &Client, op: usize, args: &[Arg], mode: Mode) -> Site {
+        let key_hash = match mode {
+            Mode::Eager => hash_of(op, client, args, false),
+            Mode::Deferred => hash_of(op, client, args, true),
+            Mode::Capture => None,
+        };
         Site {
             op,
-            key_hash: eager.then(|| hash_of(op, client, args)),
+            mode,
+            key_hash,
             host_reads: storage::host_reads(),
         }
     }
 }
 
+/// The hash a plan of the call `site` built as `b` is kept by, when one
+/// is to be made now: the build read no tensor values on the host and
+/// checks nothing on the device, and the same key was seen before (what
+/// is called once, a scalar never seen before, costs no plan).
+fn plannable(site: &Site, b: &Builder) -> Option<u64> {
+    if storage::host_reads() != site.host_reads || !b.checks.is_empty() {
+        return None;
+    }
+    let hash = site.key_hash?;
+    let mut plans = plans();
+    if plans.seen.len() >= MAX_PLANS {
+        plans.seen.clear();
+    }
+    match plans.seen.insert(hash) {
+        true => None,
+        false => Some(hash),
+    }
+}
+
+/// Keeps `plan`, made for calls whose key hashes to `hash`.
+fn keep(hash: u64, plan: Plan) {
+    let mut plans = plans();
+    if plans.count >= MAX_PLANS {
+        plans.by_hash.clear();
+        plans.count = 0;
+    }
+    // A plan whose program the cache evicted gives way to this one.
+    let candidates = plans.by_hash.entry(hash).or_default();
+    let before = candidates.len();
+    candidates.retain(|p| p.kind.live());
+    let evicted = before - candidates.len();
+    candidates.push(Arc::new(plan));
+    plans.count = plans.count + 1 - evicted;
+}
+
 /// Keeps the plan of an eager call whose built op `b` runs `exe`, makes
 /// the outputs `template` and writes the storages of its slots `written`,
-/// when later calls can reuse
-/// it: from the second call with the same key on (what is called once,
-/// a scalar never seen before, costs no plan).
+/// when later calls can reuse it (`plannable`).
 pub(super) fn remember(
     site: &Site,
     b: &Builder,
@@ -372,25 +575,13 @@ pub(super) fn remember(
     template: &[PlanOutput],
     written: &[usize],
 ) {
-    if storage::host_reads() != site.host_reads || !b.checks.is_empty() {
-        return;
-    }
-    let Some(hash) = site.key_hash else {
+    let Some(hash) = plannable(site, b) else {
         return;
     };
-    {
-        let mut plans = plans();
-        if plans.seen.len() >= MAX_PLANS {
-            plans.seen.clear();
-        }
-        if plans.seen.insert(hash) {
-            return;
-        }
-    }
-    let Some(keys) = keys(b.args()) else {
+    let Some(keys) = keys(b.args(), false) else {
         return;
     };
-    let tensors: Vec<&TensorArg> = tensors(b.args()).collect();
+    let tensors = tensors(b.args());
     let index_of = |s: &Arc<Storage>| tensors.iter().position(|t| Arc::ptr_eq(&t.storage, s));
     let mut inputs: Vec<Option<Input>> = b
         .sources
@@ -423,26 +614,86 @@ pub(super) fn remember(
         };
         planned_written.push((i, b.graph.ty(slot.flat).dtype));
     }
-    let plan = Plan {
-        op: site.op,
-        client_id: b.client.id(),
-        device_index: b.device_index.unwrap_or(0),
-        args: keys,
+    let kind = PlanKind::Launch {
         exe: Arc::downgrade(exe),
         inputs,
         outputs: template.to_vec(),
         written: planned_written,
     };
-    let mut plans = plans();
-    if plans.count >= MAX_PLANS {
-        plans.by_hash.clear();
-        plans.count = 0;
+    keep(
+        hash,
+        Plan {
+            op: site.op,
+            client_id: b.client.id(),
+            device_index: b.device_index.unwrap_or(0),
+            args: keys,
+            kind,
+        },
+    );
+}
+
+/// Keeps the plan of a recorded call built as `b` (before it is recorded)
+/// when later calls can reuse it (`plannable`): its graph, each storage it
+/// reads or writes named by a tensor of the call on it. A storage's value
+/// (zeros, or its dtype) is part of the key, so a reused graph reads each
+/// as this one did.
+pub(super) fn remember_recorded(site: &Site, b: &Builder) {
+    let Some(hash) = plannable(site, b) else {
+        return;
+    };
+    let Some(keys) = keys(b.args(), true) else {
+        return;
+    };
+    let tensors = tensors(b.args());
+    let index_of = |s: &Arc<Storage>| tensors.iter().position(|t| Arc::ptr_eq(&t.storage, s));
+    let mut sources = Vec::with_capacity(b.sources.len());
+    for source in &b.sources {
+        sources.push(match source {
+            ParamSource::Recorded { storage, view } => {
+                let Some(tensor) = index_of(storage) else {
+                    return;
+                };
+                RecordedSource::Storage {
+                    tensor,
+                    view: view.clone(),
+                }
+            }
+            ParamSource::Host { bytes, dtype, dims } => RecordedSource::Host {
+                bytes: bytes.clone(),
+                dtype: *dtype,
+                dims: dims.clone(),
+            },
+            // An eager op's input; not made in deferred mode.
+            ParamSource::Storage(_) => return,
+        });
     }
-    // A plan whose program the cache evicted gives way to this one.
-    let candidates = plans.by_hash.entry(hash).or_default();
-    let before = candidates.len();
-    candidates.retain(|p| p.exe.strong_count() > 0);
-    let evicted = before - candidates.len();
-    candidates.push(Arc::new(plan));
-    plans.count = plans.count + 1 - evicted;
+    let mut slots = Vec::with_capacity(b.slots.len());
+    for slot in &b.slots {
+        let Some(tensor) = index_of(&slot.storage) else {
+            return;
+        };
+        slots.push(RecordedSlot {
+            tensor,
+            flat: slot.flat,
+            param: slot.param,
+            written: slot.written,
+        });
+    }
+    let recorded = RecordedOp {
+        params: b.graph.params.clone(),
+        nodes: b.graph.nodes.clone(),
+        sources,
+        slots,
+        outputs: b.outputs.clone(),
+    };
+    keep(
+        hash,
+        Plan {
+            op: site.op,
+            client_id: b.client.id(),
+            device_index: b.device_index.unwrap_or(0),
+            args: keys,
+            kind: PlanKind::Record(recorded),
+        },
+    );
 }

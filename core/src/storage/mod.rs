@@ -275,6 +275,11 @@ impl Storage {
         self.state().value.clone()
     }
 
+    /// `f` of the value as recorded, without cloning it.
+    pub(crate) fn with_recorded_value<R>(&self, f: impl FnOnce(&StorageValue) -> R) -> R {
+        f(&self.state().value)
+    }
+
     /// A storage of `nbytes` whose value the pending graph computes.
     pub(crate) fn pending(
         client: &Client,
