@@ -7,8 +7,9 @@
 //! its program up (~5k of an eager elementwise op's ~36k instructions).
 //! Recorded in a step (deferred mode): the op's graph, with the storages it
 //! reads and writes as argument positions; later calls whose storages hold
-//! values of the same dtypes record a copy of it rebound to theirs, without
-//! lowering the op again.
+//! the same kinds of values (a buffer, a pending value, never written) of
+//! the same dtypes record a copy of it rebound to theirs, without lowering
+//! the op again.
 //!
 //! A lowering whose graph depends on anything else is not planned: one that
 //! read tensor values on the host (masks, indices, range checks), one with
@@ -43,17 +44,21 @@ struct TensorKey {
     device_index: usize,
     nbytes: usize,
     view: View,
-    /// What its storage holds when recorded (deferred mode): an op reads
-    /// a never-written storage as zeros, and any other by its dtype. None
-    /// in eager plans, which check the buffer they launch with instead.
+    /// What its storage holds when recorded (deferred mode). None in eager
+    /// plans, which check the buffer they launch with instead.
     recorded: Option<RecordedValue>,
 }
 
-/// What a recorded op's lowering sees of a storage's value.
+/// What a recorded op's lowering sees of a storage's value: zeros (never
+/// written: a constant of the graph), a buffer, or a value the pending
+/// graph computes (lowerings may tell the two apart: a range check reads
+/// a buffer on the host and checks a pending value on the device), each
+/// with its dtype (another is read through a bitcast).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum RecordedValue {
     Zeros,
-    Flat(DType),
+    Buffer(DType),
+    Pending(DType),
 }
 
 /// What `storage` holds as a recorded op reads it; None for the values a
@@ -61,9 +66,8 @@ enum RecordedValue {
 fn recorded_value(storage: &Storage) -> Option<RecordedValue> {
     storage.with_recorded_value(|value| match value {
         StorageValue::Zeros => Some(RecordedValue::Zeros),
-        StorageValue::Buffer { dtype, .. } | StorageValue::Pending { dtype } => {
-            Some(RecordedValue::Flat(*dtype))
-        }
+        StorageValue::Buffer { dtype, .. } => Some(RecordedValue::Buffer(*dtype)),
+        StorageValue::Pending { dtype } => Some(RecordedValue::Pending(*dtype)),
         StorageValue::Sharded { .. } | StorageValue::Failed { .. } => None,
     })
 }
@@ -634,9 +638,9 @@ pub(super) fn remember(
 
 /// Keeps the plan of a recorded call built as `b` (before it is recorded)
 /// when later calls can reuse it (`plannable`): its graph, each storage it
-/// reads or writes named by a tensor of the call on it. A storage's value
-/// (zeros, or its dtype) is part of the key, so a reused graph reads each
-/// as this one did.
+/// reads or writes named by a tensor of the call on it. What each storage
+/// holds (`RecordedValue`) is part of the key, so a reused graph reads
+/// each as this one did.
 pub(super) fn remember_recorded(site: &Site, b: &Builder) {
     let Some(hash) = plannable(site, b) else {
         return;
