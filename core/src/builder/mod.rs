@@ -240,34 +240,20 @@ impl<'a> Builder<'a> {
         // scalar inputs), a few nodes per input. The vectors are the last
         // builder's on this thread (see `Drop`), so most ops allocate none.
         let params = inputs + 2;
-        let mut room = SPARE_ROOM.with(Cell::take).unwrap_or_default();
-        room.params.reserve(params);
-        room.nodes.reserve(4 * params);
-        room.sources.reserve(params);
-        room.slots.reserve(inputs + 1);
-        room.outputs.reserve(1);
-        Ok(Builder {
-            client,
-            op,
-            args,
-            graph: Graph {
-                params: room.params,
-                nodes: room.nodes,
-                ..Graph::default()
-            },
-            sources: room.sources,
-            slots: room.slots,
-            outputs: room.outputs,
-            device_index: None,
-            mode,
-            checks: room.checks,
-        })
+        let mut b = Builder::prebuilt(client, op, args, mode, None);
+        b.graph.params.reserve(params);
+        b.graph.nodes.reserve(4 * params);
+        b.sources.reserve(params);
+        b.slots.reserve(inputs + 1);
+        b.outputs.reserve(1);
+        Ok(b)
     }
 
-    /// A builder for `op` on `args` whose graph, sources, slots and outputs
-    /// the caller fills in (an earlier call's, rebound to these arguments):
-    /// no lowering runs, and the arguments' views were checked when that
-    /// call's were, against the same storage sizes.
+    /// An empty builder for `op` on `args`, with the last builder's vectors,
+    /// that checks nothing: `new` checks the arguments first, and an
+    /// earlier call's plan fills one in with its graph, sources, slots and
+    /// outputs (that call's arguments, of the same views and storage
+    /// sizes, were checked).
     pub(crate) fn prebuilt(
         client: &'a Client,
         op: &'static str,

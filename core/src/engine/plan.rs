@@ -553,8 +553,16 @@ fn plannable(site: &Site, b: &Builder) -> Option<u64> {
     }
 }
 
-/// Keeps `plan`, made for calls whose key hashes to `hash`.
-fn keep(hash: u64, plan: Plan) {
+/// Keeps the plan of kind `kind` made from the call `site` built as `b`,
+/// whose arguments' key is `args` and hashes to `hash`.
+fn keep(hash: u64, site: &Site, b: &Builder, args: Vec<ArgKey>, kind: PlanKind) {
+    let plan = Plan {
+        op: site.op,
+        client_id: b.client.id(),
+        device_index: b.device_index.unwrap_or(0),
+        args,
+        kind,
+    };
     let mut plans = plans();
     if plans.count >= MAX_PLANS {
         plans.by_hash.clear();
@@ -624,16 +632,7 @@ pub(super) fn remember(
         outputs: template.to_vec(),
         written: planned_written,
     };
-    keep(
-        hash,
-        Plan {
-            op: site.op,
-            client_id: b.client.id(),
-            device_index: b.device_index.unwrap_or(0),
-            args: keys,
-            kind,
-        },
-    );
+    keep(hash, site, b, keys, kind);
 }
 
 /// Keeps the plan of a recorded call built as `b` (before it is recorded)
@@ -690,14 +689,5 @@ pub(super) fn remember_recorded(site: &Site, b: &Builder) {
         slots,
         outputs: b.outputs.clone(),
     };
-    keep(
-        hash,
-        Plan {
-            op: site.op,
-            client_id: b.client.id(),
-            device_index: b.device_index.unwrap_or(0),
-            args: keys,
-            kind: PlanKind::Record(recorded),
-        },
-    );
+    keep(hash, site, b, keys, PlanKind::Record(recorded));
 }
