@@ -85,7 +85,7 @@ metrics! {
     HostCacheBytes = "host_cache_bytes", Live, "bytes of large blocks the CPU plugin freed, kept for its next requests (given back by empty_cache)";
     HostCacheReuses = "host_cache_reuses", Count, "large blocks the CPU plugin got from those kept instead of from the system";
     OpsReplayed = "ops_replayed", Count, "ops run eagerly by the plan of an earlier call with the same shapes and scalars, without lowering them again";
-    OpsRecordedByPlan = "ops_recorded_by_plan", Count, "ops recorded (deferred mode) from the graph an earlier call with the same shapes, scalars and input dtypes built, without lowering them again";
+    OpsRecordedByPlan = "ops_recorded_by_plan", Count, "ops recorded (deferred mode) from the graph an earlier call built with the same shapes and scalars, its storages holding the same kinds of values, without lowering them again";
 }
 
 const COUNT: usize = DEFINITIONS.len();
