@@ -7,6 +7,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{cache, deferred, launch, plan};
 use crate::builder::{Builder, Mode, Output, ParamSource, PendingOutput};
+use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{Graph, Node, TensorType};
@@ -183,7 +184,29 @@ pub(super) fn run(mut b: Builder, site: &plan::Site) -> Result<Vec<Output>> {
     plan::install_results(b.client, device_index, &template, written, results)
 }
 
-type HostInputKey = (usize, usize, DType, Vec<i64>, Vec<u8>);
+/// Only scalars and tiny tensors repeat often enough to be worth keeping.
+const MAX_CACHED_HOST_BYTES: usize = 64;
+
+/// A cached host input's bytes, inline: the key is made on every call.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct HostBytes {
+    len: u8,
+    bytes: [u8; MAX_CACHED_HOST_BYTES],
+}
+
+impl HostBytes {
+    /// None for more bytes than are cached.
+    fn new(bytes: &[u8]) -> Option<HostBytes> {
+        let mut inline = HostBytes {
+            len: u8::try_from(bytes.len()).ok()?,
+            bytes: [0; MAX_CACHED_HOST_BYTES],
+        };
+        inline.bytes.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(inline)
+    }
+}
+
+type HostInputKey = (usize, usize, DType, Dims, HostBytes);
 
 /// Small host inputs seen, and the buffers of those seen twice with when
 /// each was last used (a count of uses), so the least recently used goes
@@ -214,25 +237,23 @@ pub(crate) fn host_input(
     // buffers kept (least recently used evicted).
     const MAX_SEEN: usize = 4096;
     const MAX_BUFFERS: usize = 64;
-    // Only scalars and tiny tensors repeat often enough to be worth keeping.
-    const MAX_CACHED_BYTES: usize = 64;
     let upload = || -> Result<Arc<Buffer>> {
         metrics::add(Metric::HostToDeviceBytes, bytes.len() as u64);
         Ok(Arc::new(
             client.buffer_from_host(bytes, dtype, dims, device)?,
         ))
     };
-    if bytes.len() > MAX_CACHED_BYTES {
+    let Some(host_bytes) = HostBytes::new(bytes) else {
         return upload();
-    }
+    };
     static CACHE: OnceLock<Mutex<HostInputs>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let key = (
         client.id(),
         device_index,
         dtype,
-        dims.to_vec(),
-        bytes.to_vec(),
+        Dims::from(dims),
+        host_bytes,
     );
     {
         let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());

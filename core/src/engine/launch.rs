@@ -84,9 +84,8 @@ pub(super) fn launch(
     args: &[Arc<Buffer>],
     donate: &[usize],
 ) -> Result<Vec<Buffer>> {
-    let refs: Vec<&Buffer> = args.iter().map(Arc::as_ref).collect();
     let start = Instant::now();
-    let results = exe.execute_with_events(&[&refs], donate);
+    let results = exe.execute_with_events(&[args], donate);
     metrics::add_elapsed(Metric::ExecuteNs, start);
     let Execution { outputs, finished } = results?;
     let buffers = outputs.into_iter().next().unwrap_or_default();

@@ -144,11 +144,7 @@ fn execute(
         .iter()
         .map(|row| program.donated_params().map(|p| row[p].clone()).collect())
         .collect();
-    let rows: Vec<Vec<&Buffer>> = rows
-        .iter()
-        .map(|row| row.iter().map(Arc::as_ref).collect())
-        .collect();
-    let rows: Vec<&[&Buffer]> = rows.iter().map(Vec::as_slice).collect();
+    let rows: Vec<&[Arc<Buffer>]> = rows.iter().map(Vec::as_slice).collect();
     let start = Instant::now();
     let donate: Vec<usize> = program.donated_params().collect();
     let results = exe.execute_with_events(&rows, &donate);

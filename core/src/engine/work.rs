@@ -73,11 +73,12 @@ fn in_flight() -> MutexGuard<'static, InFlight> {
 /// A device runs its programs in about the order they were launched, so
 /// this keeps the list short while asking about one or two events per
 /// launch, not every one in flight. A launch whose event cannot be asked
-/// stays: waiting for it reports why.
+/// stays: waiting for it reports why. Its finishing time is not taken
+/// here: a marker holding the launch has its callback or asks it again.
 fn let_go_of_finished(launches: &mut VecDeque<Arc<Launch>>) {
     while launches
         .front()
-        .is_some_and(|first| matches!(first.finished(), Ok(Some(_))))
+        .is_some_and(|first| matches!(first.ready.is_ready(), Ok(true)))
     {
         launches.pop_front();
     }

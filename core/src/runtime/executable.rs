@@ -1,6 +1,7 @@
 //! Compiling StableHLO, executing on one or several devices, and
 //! (de)serialising executables.
 
+use std::borrow::Borrow;
 use std::cell::Cell;
 use std::ffi::c_char;
 use std::fmt;
@@ -535,7 +536,7 @@ impl LoadedExecutable {
 
     /// Checks count, dtype and shape of one device's arguments against the
     /// program: the CPU plugin accepts any buffer of the right byte size.
-    fn check_argument_types(&self, device: usize, args: &[&Buffer]) -> Result<()> {
+    fn check_argument_types<B: Borrow<Buffer>>(&self, device: usize, args: &[B]) -> Result<()> {
         let Some(parameters) = &self.parameters else {
             return Ok(());
         };
@@ -547,7 +548,7 @@ impl LoadedExecutable {
             ));
         }
         for (i, (buffer, parameter)) in args.iter().zip(parameters).enumerate() {
-            let (dtype, dims) = buffer.shape()?;
+            let (dtype, dims) = buffer.borrow().shape()?;
             if *dtype != parameter.dtype || *dims != parameter.dims {
                 return Err(Error::invalid(
                     format!("argument {i} for device {device}"),
@@ -576,9 +577,11 @@ impl LoadedExecutable {
     }
 
     /// Enqueues one execution, donating the argument indices `donate`.
-    pub(crate) fn execute_with_events(
+    /// Arguments may be borrowed or shared (`Arc`) buffers, so a caller
+    /// holding either needs no vector of references.
+    pub(crate) fn execute_with_events<B: Borrow<Buffer>>(
         &self,
-        args: &[&[&Buffer]],
+        args: &[&[B]],
         donate: &[usize],
     ) -> Result<Execution> {
         let num_devices = self.devices.len();
@@ -600,7 +603,7 @@ impl LoadedExecutable {
             }
             if let Some(foreign) = device_args
                 .iter()
-                .position(|b| !Arc::ptr_eq(&b.client, &self.client))
+                .position(|b| !Arc::ptr_eq(&b.borrow().client, &self.client))
             {
                 return Err(Error::invalid(
                     format!("argument {foreign} for device {d}"),
@@ -637,7 +640,10 @@ impl LoadedExecutable {
         );
         // Each device's arguments and outputs, row after row in one array.
         arg_rows.clear();
-        arg_rows.extend(args.iter().flat_map(|row| row.iter().map(|b| b.raw)));
+        arg_rows.extend(
+            args.iter()
+                .flat_map(|row| row.iter().map(|b| b.borrow().raw)),
+        );
         arg_ptrs.clear();
         arg_ptrs.extend((0..num_devices).map(|d| arg_rows.as_ptr().wrapping_add(d * num_args)));
         let num_outputs = self.num_outputs;
