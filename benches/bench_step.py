@@ -14,7 +14,10 @@ d=256, 4 heads, T=128, batch 8, vocab 1024, AdamW); `--models` adds the GPT
 at d=512 and 1024 and at T=512 (`sizes.py`). Every step is timed to
 completion (the device is waited for), for every framework alike. rtpu's
 modes, JAX and torch_xla each run in a process of their own, which reports
-its peak resident memory (on the CPU plugins device buffers live there too).
+its peak resident memory over steps each waited for (on the CPU plugins
+device buffers live there too; step mode's peak with no wait between steps
+is printed apart) and what it held idle before the model ("idle MiB": the framework's import
+and client; for rtpu, torch._dynamo too, which any optimizer imports).
 The last lines hold the results against issue #17's targets.
 
     python benches/bench_step.py [--models mlp,gpt,gpt-d512,gpt-d1024,gpt-t512]
@@ -126,8 +129,11 @@ def run_rtpu_step(name, steps, warmup):
 
     times, record_s, counted, after = timed_steps(one_step, steps, warmup)
     ops_per_step = (after["ops_recorded"] - counted["ops_recorded"]) / steps
+    # With every step waited for, as JAX's and torch_xla's are.
+    synced_peak_rss_mb = peak_rss_mb()
     # As a training loop runs when it does not read the loss every step:
-    # each step is recorded while the device runs the one before.
+    # each step is recorded while the device runs the one before, whose
+    # buffers and temporaries are still held.
     start = time.perf_counter()
     for _ in range(steps):
         with rtpu.step():
@@ -136,6 +142,8 @@ def run_rtpu_step(name, steps, warmup):
     pipelined_s = (time.perf_counter() - start) / steps
     return {
         "pipelined_step_s": pipelined_s,
+        "peak_rss_mb": synced_peak_rss_mb,
+        "pipelined_peak_rss_mb": peak_rss_mb(),
         "first_step_s": times[0],
         "median_step_s": statistics.median(times[warmup:]),
         "ops_per_step": ops_per_step,
@@ -248,9 +256,16 @@ def run_rtpu_cold_then_warm(mode, name, steps, warmup):
 def run_rtpu_worker(mode, name, steps, warmup):
     """One rtpu mode on one model, in this process alone: its times and its
     peak memory, as one JSON line for the parent."""
+    # The process before the model: torch, rtpu and its client, and
+    # torch._dynamo, which creating any optimizer imports (with Triton).
+    import torch._dynamo  # noqa: F401
+
+    torch.ones(1, device="tpu").cpu()
+    idle_rss_mb = peak_rss_mb()
     torch.tpu.reset_peak_memory_stats()
     result = (run_rtpu_step if mode == "step" else run_rtpu_compile)(name, steps, warmup)
-    result["peak_rss_mb"] = peak_rss_mb()
+    result.setdefault("peak_rss_mb", peak_rss_mb())
+    result["idle_rss_mb"] = idle_rss_mb
     result["peak_device_mb"] = torch.tpu.max_memory_allocated() / 2**20
     print(json.dumps(result))
 
@@ -258,7 +273,10 @@ def run_rtpu_worker(mode, name, steps, warmup):
 def print_table(name, results, steps):
     ours, compiled = results["rtpu step"], results["rtpu compile"]
     print(f"\n{name}: median step time over {steps} steps (first step: compile included)")
-    print(f"  {'':<17}{'step ms':>10}{'first s':>10}{'step/this':>11}{'compile/this':>14}{'peak MiB':>10}")
+    print(
+        f"  {'':<17}{'step ms':>10}{'first s':>10}{'step/this':>11}{'compile/this':>14}{'peak MiB':>10}"
+        f"{'idle MiB':>10}"
+    )
     for label, r in results.items():
         if r is None:
             print(f"  {label:<17}{'failed':>10}")
@@ -268,13 +286,15 @@ def print_table(name, results, steps):
         print(
             f"  {label:<17}{r['median_step_s'] * 1e3:>10.2f}{r['first_step_s']:>10.2f}"
             f"{step_ratio:>11.2f}{compile_ratio:>14.2f}{r.get('peak_rss_mb', math.nan):>10.0f}"
+            f"{r.get('idle_rss_mb') or math.nan:>10.0f}"
         )
     if ours:
         print(
             f"  step mode: {ours['ops_per_step']:.0f} ops/step recorded at {ours['record_us_per_op']:.2f} us/op "
             f"on the host ({ours['core_record_us_per_op']:.2f} us/op in rtpu's core); "
             f"compiles after warm-up: {ours['compiles_after_warmup']}; "
-            f"{ours['pipelined_step_s'] * 1e3:.2f} ms/step with no wait between steps; "
+            f"{ours['pipelined_step_s'] * 1e3:.2f} ms/step with no wait between steps "
+            f"(peak {ours['pipelined_peak_rss_mb']:.0f} MiB); "
             f"peak device memory {ours['peak_device_mb']:.0f} MiB; "
             f"first step of a warm second run {ours.get('warm_first_step_s', math.nan):.2f} s"
         )
@@ -303,6 +323,15 @@ def print_targets(chain, all_results):
         ours, ref = results.get(mode), results.get(reference)
         return ours[key] / ref[key] if ours and ref else None
 
+    def above_idle_ratio(results, mode):
+        """Peak memory past what each framework's process holds before the
+        model: the model's share, without torch's and JAX's own import."""
+        ours, ref = results.get(mode), results.get("jax jit")
+        if not (ours and ref and ref.get("idle_rss_mb")):
+            return "not measured"
+        above = [r["peak_rss_mb"] - r["idle_rss_mb"] for r in (ours, ref)]
+        return f"{above[0] / above[1]:.2f}x, {above[0]:.0f} against {above[1]:.0f} MiB"
+
     for name, results in all_results.items():
         for mode in ("rtpu step", "rtpu compile"):
             if name == "mlp":
@@ -312,6 +341,7 @@ def print_targets(chain, all_results):
                 target(f"{name} {mode} / jax", ratio(results, mode, "jax jit"), 0.8, "x")
                 target(f"{name} {mode} / torch_xla", ratio(results, mode, "torch_xla"), 0.8, "x")
             target(f"{name} {mode} peak memory / jax's", ratio(results, mode, "jax jit", "peak_rss_mb"), 1.0, "x")
+            rows.append(f"    (above each idle process: {above_idle_ratio(results, mode)})")
         target(f"{name} first step, step mode / torch_xla's", ratio(results, "rtpu step", "torch_xla", "first_step_s"), 1.0, "x")
         target(
             f"{name} first step, compile mode / torch_xla dynamo's",

@@ -1,7 +1,7 @@
 """JAX reference for the step benchmark: trains the MLP or the small GPT of
 benches/bench_step.py for a few steps with one jitted, donating train step and
 prints one JSON line, {"model", "first_step_s", "median_step_s",
-"peak_rss_mb", "peak_device_mb"}.
+"peak_rss_mb", "idle_rss_mb", "peak_device_mb"}.
 
 bench_step.py runs it as a subprocess with a Python that has `jax` installed:
 
@@ -177,6 +177,9 @@ def main():
     if args.model in GPT_SIZES:
         D, T = GPT_SIZES[args.model]
         HEAD_DIM = D // HEADS
+    # The process before the model: JAX and its client.
+    jnp.zeros(()).block_until_ready()
+    idle_rss_mb = peak_rss_mb()
     setup = mlp_setup if args.model == "mlp" else gpt_setup
     step, state, batch = setup(jax.random.PRNGKey(0))
     first, median = time_steps(step, state, batch, args.steps, args.warmup)
@@ -190,6 +193,7 @@ def main():
                 "first_step_s": first,
                 "median_step_s": median,
                 "peak_rss_mb": peak_rss_mb(),
+                "idle_rss_mb": idle_rss_mb,
                 "peak_device_mb": None if peak_device is None else peak_device / 2**20,
             }
         )
