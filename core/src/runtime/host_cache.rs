@@ -4,9 +4,9 @@
 //! run's temporary comes from the plugin's `posix_memalign` (or
 //! `aligned_alloc`), its dots' packing blocks from `malloc`, and all go
 //! back through its `free`. glibc serves a block above 32 MiB with a fresh
-//! `mmap` and unmaps it at `free`, so a program
-//! with a 90 MiB temporary page-faults all of it in again on every run: a
-//! GPT training step here took ~22k page faults, ~30 ms of its ~260. GLIBC's
+//! `mmap` and unmaps it at `free`, so a program with a 90 MiB temporary
+//! page-faults all of it in again on every run: a GPT training step here
+//! took ~22k page faults, ~30 ms of its ~260. GLIBC's
 //! tunables would fix it, but only for the whole process and only when set
 //! before it starts. CUDA's caching allocator answers the same problem for
 //! GPUs by keeping freed blocks for the next request, and so does this
@@ -47,9 +47,9 @@ use crate::metrics::{self, Metric};
 /// Smaller blocks are left to glibc, whose heaps already reuse them.
 const MIN_CACHED_BYTES: usize = 4 << 20;
 
-/// A kept block serves a smaller request when at most this fraction of it
-/// (one over it) is left over: XLA's packing blocks differ a little in size
-/// from dot to dot, and a cache of exact sizes kept one of each.
+/// A kept block serves a smaller request when it is larger by at most the
+/// request over this: XLA's packing blocks differ a little in size from dot
+/// to dot, and a cache of exact sizes kept one of each.
 const FIT_SLACK: usize = 4;
 
 /// The alignment glibc's `malloc` gives every block on 64-bit systems.
@@ -136,7 +136,7 @@ fn max_bytes() -> usize {
 
 /// A block of `size` bytes aligned to `align` (a power of two, at least a
 /// pointer): the smallest kept one of that alignment that holds `size` and
-/// wastes at most a `FIT_SLACK` of it, or a new one.
+/// is larger by at most `size / FIT_SLACK`, or a new one.
 fn take(size: usize, align: usize) -> *mut c_void {
     let reused = {
         let mut kept = lock(&KEPT);
