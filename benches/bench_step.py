@@ -16,8 +16,9 @@ completion (the device is waited for), for every framework alike. rtpu's
 modes, JAX and torch_xla each run in a process of their own, which reports
 its peak resident memory over steps each waited for (on the CPU plugins
 device buffers live there too; step mode's peak with no wait between steps
-is printed apart) and what it held idle before the model ("idle MiB": the framework's import
-and client; for rtpu, torch._dynamo too, which any optimizer imports).
+is printed apart) and what it held idle before the model ("idle MiB": the
+framework's import and client; for rtpu, torch._dynamo too, which any
+optimizer imports).
 The last lines hold the results against issue #17's targets.
 
     python benches/bench_step.py [--models mlp,gpt,gpt-d512,gpt-d1024,gpt-t512]
