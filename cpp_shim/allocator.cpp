@@ -13,10 +13,10 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <cstdint>
 #include <mutex>
 #include <string_view>
-#include <unordered_map>
 
 namespace rtpu_torch {
 namespace {
@@ -37,23 +37,26 @@ void* synthetic_ptr(rtpu_storage* storage, c10::DeviceIndex device) {
       bits | (static_cast<uintptr_t>(device + 1) << kDeviceShift));
 }
 
-// Calls `f` on every statistic of `s` that has a peak and a total.
-template <typename F>
-void for_each_stat(DeviceStats& s, F f) {
-  for (auto* array : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                      &s.requested_bytes, &s.allocation, &s.segment,
-                      &s.active}) {
-    for (auto& stat : *array) {
-      f(stat);
-    }
-  }
-}
-
-// Per-device byte counts. Leaked on purpose: storages may be freed during
-// process teardown, after static destructors have run.
+// Per-device byte and block counts. Every block is its own segment and is
+// active, and rtpu asks for exactly what it keeps, so PyTorch's allocated,
+// reserved, active and requested bytes are one count, and its allocation,
+// segment and active blocks another: a storage's allocation and free move
+// two counts, not seven (they run for every tensor an op makes). Leaked on
+// purpose: storages may be freed during process teardown, after static
+// destructors have run.
 struct Stats {
+  using Stat = c10::CachingAllocator::Stat;
+  struct Counts {
+    Stat bytes;
+    Stat blocks;
+    int64_t allocations = 0;
+    int64_t frees = 0;
+  };
+
   std::mutex mutex;
-  std::unordered_map<c10::DeviceIndex, DeviceStats> devices;
+  // Indexed by the device's index as a byte, so that no index reads outside
+  // (a device's index is below 128: see `kDeviceShift`).
+  std::array<Counts, 256> devices;
 
   static Stats& get() {
     static Stats* stats = new Stats();
@@ -61,61 +64,71 @@ struct Stats {
   }
 
   void allocated(c10::DeviceIndex device, size_t nbytes) {
-    count(device, nbytes, /*allocation=*/true);
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& counts = at(device);
+    counts.bytes.increase(nbytes);
+    counts.blocks.increase(1);
+    counts.allocations += 1;
   }
 
   void freed(c10::DeviceIndex device, size_t nbytes) {
-    count(device, nbytes, /*allocation=*/false);
-  }
-
-  // One allocation (or free) of `nbytes`: the byte and block counts move
-  // together, since every block is its own segment and is active.
-  void count(c10::DeviceIndex device, size_t nbytes, bool allocation) {
     std::lock_guard<std::mutex> lock(mutex);
-    auto& s = devices[device];
-    auto move = [allocation](c10::CachingAllocator::Stat& stat, size_t amount) {
-      allocation ? stat.increase(amount) : stat.decrease(amount);
-    };
-    for (auto* bytes : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                        &s.requested_bytes}) {
-      move((*bytes)[0], nbytes);
-    }
-    for (auto* blocks : {&s.allocation, &s.segment, &s.active}) {
-      move((*blocks)[0], 1);
-    }
-    (allocation ? s.num_device_alloc : s.num_device_free) += 1;
+    auto& counts = at(device);
+    counts.bytes.decrease(nbytes);
+    counts.blocks.decrease(1);
+    counts.frees += 1;
   }
 
-  // A storage changed size in place (resize_): only byte counts move.
+  // A storage changed size in place (resize_): only the byte count moves.
   void resized(c10::DeviceIndex device, size_t old_nbytes, size_t new_nbytes) {
     std::lock_guard<std::mutex> lock(mutex);
-    auto& s = devices[device];
-    for (auto* array : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                        &s.requested_bytes}) {
-      if (new_nbytes > old_nbytes) {
-        (*array)[0].increase(new_nbytes - old_nbytes);
-      } else {
-        (*array)[0].decrease(old_nbytes - new_nbytes);
-      }
+    auto& bytes = at(device).bytes;
+    if (new_nbytes > old_nbytes) {
+      bytes.increase(new_nbytes - old_nbytes);
+    } else {
+      bytes.decrease(old_nbytes - new_nbytes);
     }
   }
 
+  // PyTorch's view of a device's counts (its "all pools" entries).
   DeviceStats snapshot(c10::DeviceIndex device) {
+    check_device_index(device);
     std::lock_guard<std::mutex> lock(mutex);
-    return devices[device];
+    const auto& counts = at(device);
+    DeviceStats s;
+    for (auto* bytes : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
+                        &s.requested_bytes}) {
+      (*bytes)[0] = counts.bytes;
+    }
+    for (auto* blocks : {&s.allocation, &s.segment, &s.active}) {
+      (*blocks)[0] = counts.blocks;
+    }
+    s.num_device_alloc = counts.allocations;
+    s.num_device_free = counts.frees;
+    return s;
   }
 
   void reset_peak(c10::DeviceIndex device) {
+    check_device_index(device);
     std::lock_guard<std::mutex> lock(mutex);
-    for_each_stat(devices[device], [](auto& stat) { stat.reset_peak(); });
+    auto& counts = at(device);
+    counts.bytes.reset_peak();
+    counts.blocks.reset_peak();
   }
 
   void reset_accumulated(c10::DeviceIndex device) {
+    check_device_index(device);
     std::lock_guard<std::mutex> lock(mutex);
-    auto& s = devices[device];
-    for_each_stat(s, [](auto& stat) { stat.reset_accumulated(); });
-    s.num_device_alloc = 0;
-    s.num_device_free = 0;
+    auto& counts = at(device);
+    counts.bytes.reset_accumulated();
+    counts.blocks.reset_accumulated();
+    counts.allocations = 0;
+    counts.frees = 0;
+  }
+
+ private:
+  Counts& at(c10::DeviceIndex device) {
+    return devices[static_cast<uint8_t>(device)];
   }
 };
 

@@ -168,6 +168,22 @@ def test_memory_stats_follow_storages():
     assert torch.tpu.max_memory_allocated() == before
 
 
+def test_memory_stats_are_per_device_and_name_a_bad_index():
+    before = [torch.tpu.memory_stats(d) for d in range(2)]
+    t = torch.empty(250, dtype=torch.float32, device="tpu:1")
+    after = [torch.tpu.memory_stats(d) for d in range(2)]
+    assert after[0] == before[0]
+    for key in ("allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current"):
+        assert after[1][key] == before[1][key] + 1000
+    for key in ("allocation.all.current", "segment.all.current", "active.all.current"):
+        assert after[1][key] == before[1][key] + 1
+    assert after[1]["num_device_alloc"] == before[1]["num_device_alloc"] + 1
+    del t
+    assert torch.tpu.memory_stats(1)["num_device_free"] == before[1]["num_device_free"] + 1
+    with pytest.raises(RuntimeError, match="device index 99 is out of range"):
+        torch.tpu.memory_stats(99)
+
+
 def test_resize_grows_storage_and_stats():
     before = torch.tpu.memory_allocated()
     t = torch.empty(0, device="tpu")
