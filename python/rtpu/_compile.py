@@ -18,6 +18,28 @@ import torch
 from rtpu._program import Program, Pair
 
 
+def _answer_cuda_graph_checks_without_inductor() -> None:
+    """Dynamo asks of each gradient of an optimizer it traces whether CUDA
+    graphs hold it at a static address, and imports all of Inductor
+    (`torch._inductor.cudagraph_trees`) to answer, for any device: 1.2-1.4 s
+    of the first compiled optimizer step in every process, measured here.
+    For a tensor not on CUDA its answer is always True; this gives that
+    answer without the import, and leaves CUDA tensors to PyTorch's check.
+    Installed when Dynamo first looks up the "tpu" backend (this module's
+    import), before it traces anything for it."""
+    from torch._dynamo.variables import optimizer
+
+    check = optimizer._is_static_for_cudagraphs
+
+    def is_static_for_cudagraphs(x: torch.Tensor) -> bool:
+        return check(x) if x.is_cuda else True
+
+    optimizer._is_static_for_cudagraphs = is_static_for_cudagraphs
+
+
+_answer_cuda_graph_checks_without_inductor()
+
+
 def _compiler(name: str, pair: Pair) -> Callable:
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
         from functorch.compile import make_boxed_func
