@@ -54,7 +54,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) 
     from torch._dynamo.backends.common import aot_autograd
 
     attributes = _tensor_attributes(gm)
-    if _autograd_has_no_part(gm, list(example_inputs) + list(attributes.values())):
+    if _autograd_has_no_part(gm, example_inputs, attributes):
         return _without_autograd(gm, attributes)
     pair = Pair()
     return aot_autograd(
@@ -80,22 +80,29 @@ def _tensor_attributes(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, torch.Te
     return attributes
 
 
-def _autograd_has_no_part(gm: torch.fx.GraphModule, tensors: list[Any]) -> bool:
+def _autograd_has_no_part(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], attributes: dict[torch.fx.Node, torch.Tensor]
+) -> bool:
     """Whether AOTAutograd would only hand back an inference graph whose
     capture records what running `gm` does: grad mode is off and no op in
-    the graph turns it on, and every input is a plain tensor on tpu
-    (subclasses, CPU tensors and symbolic sizes, which arrive as SymInt
-    inputs, are for AOTAutograd and `_program`'s host part and buckets).
-    Dynamo itself applies in-place changes of an input's shape or strides
-    outside its graph, so none reach a replay."""
+    the graph turns it on, every input and tensor attribute is a plain
+    tensor on tpu (subclasses, CPU tensors and symbolic sizes, which arrive
+    as SymInt inputs, are for AOTAutograd and `_program`'s host part and
+    buckets), and the graph reads no other attribute and calls no module
+    (whose parameters a capture would bake in; AOTAutograd lifts them to
+    inputs). Dynamo itself applies in-place changes of an input's shape or
+    strides outside its graph, so none reach a replay."""
     if torch.is_grad_enabled():
         return False
-    for value in tensors:
+    for value in list(example_inputs) + list(attributes.values()):
         if type(value) not in (torch.Tensor, torch.nn.Parameter) or value.device.type != "tpu":
             return False
-    return not any(
-        node.target is torch._C._set_grad_enabled and node.args[:1] != (False,) for node in gm.graph.nodes
-    )
+    for node in gm.graph.nodes:
+        if node.op == "call_module" or (node.op == "get_attr" and node not in attributes):
+            return False
+        if node.target is torch._C._set_grad_enabled and node.args[:1] != (False,):
+            return False
+    return True
 
 
 def _without_autograd(gm: torch.fx.GraphModule, attributes: dict[torch.fx.Node, torch.Tensor]) -> Callable:

@@ -165,6 +165,20 @@ def test_a_no_grad_graph_that_turns_grad_on_keeps_its_gradients():
         torch.testing.assert_close(w.grad.cpu(), w_cpu.grad, rtol=1e-5, atol=1e-6)
 
 
+def test_a_no_grad_graph_that_calls_a_module_reads_its_weights_afresh():
+    # Without inlining Dynamo calls the module from its graph; its weights
+    # are no inputs then, so the graph goes through AOTAutograd, which
+    # lifts them: a capture would keep the weights it saw.
+    model_cpu, model = twins(lambda: torch.nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+    with torch._dynamo.config.patch(inline_inbuilt_nn_modules=False), torch.no_grad():
+        compiled = torch.compile(model, backend="tpu")
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x.to(DEVICE)).cpu(), model_cpu(x), rtol=1e-5, atol=1e-6)
+            model.weight.add_(1.0)
+            model_cpu.weight.add_(1.0)
+
+
 @pytest.mark.parametrize(
     "reshape_",
     [
