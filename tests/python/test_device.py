@@ -168,7 +168,7 @@ def test_memory_stats_follow_storages():
     assert torch.tpu.max_memory_allocated() == before
 
 
-def test_memory_stats_are_per_device_and_name_a_bad_index():
+def test_memory_stats_are_per_device_and_name_a_bad_index(two_devices):
     before = [torch.tpu.memory_stats(d) for d in range(2)]
     t = torch.empty(250, dtype=torch.float32, device="tpu:1")
     after = [torch.tpu.memory_stats(d) for d in range(2)]
