@@ -270,6 +270,58 @@ impl Buffer {
         }
     }
 
+    /// Whether the buffer's bytes on the device are its elements in
+    /// row-major order (no tiles, major-to-minor dimensions), so that a run
+    /// of elements is a run of bytes `copy_raw_to_host` can read. True of
+    /// the CPU plugin's buffers; TPUs tile theirs.
+    pub fn is_dense_row_major(&self) -> Result<bool> {
+        let mut args = sys::PJRT_Buffer_GetMemoryLayout_Args::new();
+        args.buffer = self.raw;
+        // SAFETY: live buffer; the layout it fills lives as long as the buffer.
+        unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_GetMemoryLayout, &mut args) }?;
+        let layout = &args.layout;
+        if layout.type_ != sys::PJRT_Buffer_MemoryLayout_Type_PJRT_Buffer_MemoryLayout_Type_Tiled {
+            return Ok(false);
+        }
+        // SAFETY: `type_` says the union holds the tiled layout.
+        let tiled = unsafe { &layout.__bindgen_anon_1.tiled };
+        if tiled.num_tiles != 0 {
+            return Ok(false);
+        }
+        let minor_to_major = match tiled.minor_to_major_size {
+            0 => &[][..],
+            // SAFETY: PJRT's array of `minor_to_major_size` entries, alive
+            // with the buffer.
+            n => unsafe { std::slice::from_raw_parts(tiled.minor_to_major, n) },
+        };
+        Ok(minor_to_major
+            .iter()
+            .rev()
+            .copied()
+            .eq(0..minor_to_major.len() as i64))
+    }
+
+    /// Copies `dst.len()` bytes of the buffer's device memory from byte
+    /// `offset` into `dst`, with no program: the elements there when
+    /// `is_dense_row_major`. Not every plugin implements it. Waits for the
+    /// buffer's value first: the CPU plugin's raw copy does not, and
+    /// crashed reading a buffer a running program was still to write.
+    pub fn copy_raw_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.wait_ready()?;
+        let mut args = sys::PJRT_Buffer_CopyRawToHost_Args::new();
+        args.buffer = self.raw;
+        args.dst = dst.as_mut_ptr().cast();
+        args.offset = offset as i64;
+        args.transfer_size = dst.len() as i64;
+        // SAFETY: `dst` is writable for `transfer_size` bytes until the event
+        // completes, and we wait for it before returning.
+        unsafe { pjrt_call!(self.client.plugin, PJRT_Buffer_CopyRawToHost, &mut args) }?;
+        match Event::from_raw(self.client.plugin, args.event) {
+            Some(done) => done.wait(),
+            None => Ok(()),
+        }
+    }
+
     /// Copies the buffer to a new host vector.
     pub fn to_host(&self) -> Result<Vec<u8>> {
         let mut bytes = vec![0u8; self.host_size()?];

@@ -60,6 +60,8 @@ args_structs!(
     PJRT_Buffer_ReadyEvent_Args,
     PJRT_Buffer_ToHostBuffer_Args,
     PJRT_Buffer_CopyToDevice_Args,
+    PJRT_Buffer_CopyRawToHost_Args,
+    PJRT_Buffer_GetMemoryLayout_Args,
     PJRT_Program,
     PJRT_ExecuteOptions,
     PJRT_LoadedExecutable_Execute_Args,

@@ -364,11 +364,12 @@ impl Storage {
     }
 
     /// The storage's bytes on the host: all of them, or only `elements` of
-    /// `dtype` (what a view of a large storage spans), copied from the
-    /// device as a slice when that is much less than the whole.
+    /// `dtype` (what a view spans): read straight from device memory laid
+    /// out densely, else copied from the device as a slice when that is
+    /// much less than the whole.
     fn host_bytes(&self, elements: Option<(DType, Range<usize>)>) -> Result<Vec<u8>> {
-        // Slicing on the device costs a small program: worth it only when it
-        // saves most of a large copy.
+        // Slicing on the device costs a small program (a compile for each
+        // new range): worth it only when it saves most of a large copy.
         const MIN_SLICED_READ_BYTES: usize = 1 << 20;
         let nbytes = self.nbytes();
         let wanted = match &elements {
@@ -381,6 +382,11 @@ impl Storage {
             HostValue::Copy(copy) => Ok(copy[wanted].to_vec()),
             HostValue::Buffer(buffer, dtype) => {
                 let start = std::time::Instant::now();
+                if let Some(part) = read_dense_part(&buffer, &wanted, nbytes) {
+                    metrics::add(Metric::DeviceToHostBytes, wanted.len() as u64);
+                    metrics::add_elapsed(Metric::WaitNs, start);
+                    return Ok(part);
+                }
                 let bytes = match (elements, PENDING_WORK.get()) {
                     (Some((read_as, range)), Some(work))
                         if read_as == dtype
@@ -613,4 +619,19 @@ impl Storage {
             _ => None,
         })
     }
+}
+
+/// The bytes `wanted` of a buffer of `nbytes`, when they are a part of it
+/// and its device memory holds its elements densely: read from there with
+/// no program (and no copy of the rest). None where the buffer is read
+/// whole, is not the storage's size, is tiled, or the plugin cannot read
+/// raw memory.
+fn read_dense_part(buffer: &Buffer, wanted: &Range<usize>, nbytes: usize) -> Option<Vec<u8>> {
+    let whole = wanted.len() == nbytes || buffer.host_size().ok()? != nbytes;
+    if whole || !buffer.is_dense_row_major().ok()? {
+        return None;
+    }
+    let mut part = vec![0u8; wanted.len()];
+    buffer.copy_raw_to_host(wanted.start, &mut part).ok()?;
+    Some(part)
 }
