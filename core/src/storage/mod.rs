@@ -627,8 +627,8 @@ impl Storage {
 /// whole, is not the storage's size, is tiled, or the plugin cannot read
 /// raw memory.
 fn read_dense_part(buffer: &Buffer, wanted: &Range<usize>, nbytes: usize) -> Option<Vec<u8>> {
-    let whole = wanted.len() == nbytes || buffer.host_size().ok()? != nbytes;
-    if whole || !buffer.is_dense_row_major().ok()? {
+    let a_part = wanted.len() < nbytes && buffer.host_size().ok()? == nbytes;
+    if !a_part || !buffer.is_dense_row_major().ok()? {
         return None;
     }
     let mut part = vec![0u8; wanted.len()];
