@@ -1,6 +1,6 @@
 """PyTorch/XLA reference for the step benchmark: trains the MLP or a GPT of
 benches/bench_step.py for a few steps on the PJRT CPU device and prints one
-JSON line, {"model", "first_step_s", "median_step_s", "peak_rss_mb", ...}.
+JSON line, {"model", "first_step_s", "median_step_s", "peak_rss_mb", "idle_rss_mb", ...}.
 With --compile the step runs under torch.compile with torch_xla's Dynamo
 backend ("openxla"), to compare with rtpu's compile mode like for like.
 
@@ -74,6 +74,12 @@ def main():
         parser.error("need --steps >= 1 and --warmup >= 0")
 
     device = xla_device()
+    # The process before the model, as rtpu's worker measures its own:
+    # torch, torch_xla and its client, and torch._dynamo.
+    import torch._dynamo  # noqa: F401
+
+    torch.ones(1, device=device).cpu()
+    idle_rss_mb = peak_rss_mb()
     model, (optimizer_class, optimizer_args), inputs, labels = build(args.model)
     model.to(device)
     optimizer = optimizer_class(model.parameters(), **optimizer_args)
@@ -93,7 +99,7 @@ def main():
 
     first, median = times[0], statistics.median(times[1 + args.warmup :])
     result = {"model": args.model, "compile": args.compile, "first_step_s": first, "median_step_s": median}
-    print(json.dumps({**result, "peak_rss_mb": peak_rss_mb(), "peak_device_mb": None}))
+    print(json.dumps({**result, "peak_rss_mb": peak_rss_mb(), "idle_rss_mb": idle_rss_mb, "peak_device_mb": None}))
 
 
 if __name__ == "__main__":
