@@ -18,7 +18,7 @@
 //! them, however many; a freed one is kept (up to `RTPU_HOST_CACHE_MAX_BYTES`, default
 //! 1 GiB, oldest given back first) and handed out again for a request it
 //! fits closely; one that no request claims while 256 later ones are kept goes
-//! back too. `release` frees every kept block (`torch.tpu.empty_cache()`).
+//! back too, and so does one a slightly larger request outgrows (see `take`). `release` frees every kept block (`torch.tpu.empty_cache()`).
 //! Every large block is a genuine glibc allocation, so one freed by another
 //! path stays valid memory; see `untrack`.
 //!
@@ -118,6 +118,16 @@ struct Kept {
     kept: u64,
 }
 
+impl Kept {
+    /// Takes the `i`th kept block out of the cache.
+    fn remove(&mut self, i: usize) -> Block {
+        let (block, _) = self.blocks.remove(i);
+        self.bytes -= block.size;
+        metrics::sub(Metric::HostCacheBytes, block.size as u64);
+        block
+    }
+}
+
 static KEPT: Mutex<Kept> = Mutex::new(Kept {
     blocks: Vec::new(),
     bytes: 0,
@@ -137,13 +147,25 @@ fn max_bytes() -> usize {
 /// A block of `size` bytes aligned to `align` (a power of two, at least a
 /// pointer): the smallest kept one of that alignment that holds `size` and
 /// is larger by at most `size / FIT_SLACK`, or a new one.
+///
+/// A new one first gives back the largest kept block of that alignment the
+/// request just outgrew (smaller than `size` by at most `size /
+/// FIT_SLACK`): most likely the same buffer of an earlier program, such as
+/// the first training step's, whose temporary (627 MiB for a GPT at T =
+/// 512) is a little smaller than the next step's. Kept, it stayed beside
+/// its successor until the window let it go: the second step's resident
+/// memory rose by its size. A block goes back this way only for a larger
+/// request, so requests of two sizes taking turns settle within a few
+/// rounds: the larger block then serves both, or each size keeps its own.
 fn take(size: usize, align: usize) -> *mut c_void {
-    let reused = {
+    let (reused, outgrown) = {
         let mut kept = lock(&KEPT);
         let fits =
             |b: &Block| b.align == align && b.size >= size && b.size - size <= size / FIT_SLACK;
+        let outgrown =
+            |b: &Block| b.align == align && b.size < size && size - b.size <= size / FIT_SLACK;
         // Of equal fits the most recently freed: its pages are the warmest.
-        let found = kept
+        let fitting = kept
             .blocks
             .iter()
             .enumerate()
@@ -151,13 +173,24 @@ fn take(size: usize, align: usize) -> *mut c_void {
             .filter(|(_, (b, _))| fits(b))
             .min_by_key(|(_, (b, _))| b.size)
             .map(|(i, _)| i);
-        found.map(|i| {
-            let (block, _) = kept.blocks.remove(i);
-            kept.bytes -= block.size;
-            metrics::sub(Metric::HostCacheBytes, block.size as u64);
-            block
-        })
+        match fitting {
+            Some(i) => (Some(kept.remove(i)), None),
+            None => {
+                let largest_outgrown = kept
+                    .blocks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (b, _))| outgrown(b))
+                    .max_by_key(|(_, (b, _))| b.size)
+                    .map(|(i, _)| i);
+                (None, largest_outgrown.map(|i| kept.remove(i)))
+            }
+        }
     };
+    if let Some(block) = outgrown {
+        // SAFETY: a kept block, a glibc allocation nobody else holds.
+        unsafe { libc::free(block.ptr) };
+    }
     let block = match reused {
         Some(block) => {
             metrics::add(Metric::HostCacheReuses, 1);
@@ -226,10 +259,7 @@ fn keep(block: Block) {
                 .first()
                 .is_some_and(|(_, at)| at + KEPT_WINDOW < now)
         {
-            let (oldest, _) = kept.blocks.remove(0);
-            kept.bytes -= oldest.size;
-            metrics::sub(Metric::HostCacheBytes, oldest.size as u64);
-            given_back.push(oldest);
+            given_back.push(kept.remove(0));
         }
     }
     for block in given_back {
@@ -960,6 +990,27 @@ mod tests {
             align: 128,
         });
         for block in [reused, other, other_align] {
+            cached_free(block);
+        }
+        release();
+    }
+
+    #[test]
+    fn a_request_just_past_a_kept_block_gives_it_back() {
+        let _keeping = lock(&KEEPING);
+        let size = 2 * MIN_CACHED_BYTES;
+        let first = take(size, 128);
+        cached_free(first);
+        // Twice its size, or another alignment: the kept block may still
+        // serve a request of its own, and stays.
+        let double = take(2 * size, 128);
+        let other_align = take(size + size / 8, 256);
+        assert!(is_kept(first));
+        // An eighth larger, as the next step's temporary is: its successor.
+        let larger = take(size + size / 8, 128);
+        assert!(!is_kept(first));
+        assert_eq!(lock(&KEPT).bytes, 0);
+        for block in [double, other_align, larger] {
             cached_free(block);
         }
         release();
