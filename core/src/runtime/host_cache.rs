@@ -18,7 +18,8 @@
 //! them, however many; a freed one is kept (up to `RTPU_HOST_CACHE_MAX_BYTES`, default
 //! 1 GiB, oldest given back first) and handed out again for a request it
 //! fits closely; one that no request claims while 256 later ones are kept goes
-//! back too, and so does one a slightly larger request outgrows (see `take`). `release` frees every kept block (`torch.tpu.empty_cache()`).
+//! back too, and so does one a slightly larger request outgrows (see `take`).
+//! `release` frees every kept block (`torch.tpu.empty_cache()`).
 //! Every large block is a genuine glibc allocation, so one freed by another
 //! path stays valid memory; see `untrack`.
 //!
