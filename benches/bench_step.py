@@ -23,6 +23,11 @@ The last lines hold the results against issue #17's targets.
 
     python benches/bench_step.py [--models mlp,gpt,gpt-d512,gpt-d1024,gpt-t512]
         [--jax-python VENV/bin/python] [--torch-xla-python VENV/bin/python]
+        [--rounds N]
+
+With `--rounds N` every configuration runs N times, the configurations
+taking turns, and each figure is its median over the rounds: the ratios
+then move less with the machine's slow minutes.
 """
 
 import argparse
@@ -271,9 +276,10 @@ def run_rtpu_worker(mode, name, steps, warmup):
     print(json.dumps(result))
 
 
-def print_table(name, results, steps):
+def print_table(name, results, steps, rounds):
     ours, compiled = results["rtpu step"], results["rtpu compile"]
-    print(f"\n{name}: median step time over {steps} steps (first step: compile included)")
+    over_rounds = f", medians of {rounds} rounds" if rounds > 1 else ""
+    print(f"\n{name}: median step time over {steps} steps (first step: compile included{over_rounds})")
     print(
         f"  {'':<17}{'step ms':>10}{'first s':>10}{'step/this':>11}{'compile/this':>14}{'peak MiB':>10}"
         f"{'idle MiB':>10}"
@@ -366,6 +372,68 @@ def print_targets(chain, all_results):
     print("\n".join(rows))
 
 
+def run_all(name, args, own_xla_env):
+    """Every configuration on model `name` once, one after the other, by label."""
+    results = {
+        f"rtpu {mode}": run_rtpu_cold_then_warm(mode, name, args.steps, args.warmup) for mode in ("step", "compile")
+    }
+    results["cpu eager"] = run_cpu(name, args.steps, args.warmup)
+    results["cpu aot_eager"] = run_cpu(name, args.steps, args.warmup, backend="aot_eager")
+    if args.jax_python:
+        results["jax jit"] = run_other(
+            args.jax_python, "jax_models.py", name, args.steps, args.warmup, env=own_xla_env
+        )
+        # The same JAX program on the XLA CPU plugin rtpu runs on (a
+        # different XLA build from jaxlib's own CPU client), with the
+        # XLA_FLAGS rtpu gives it: separates rtpu's costs from the
+        # plugin's.
+        results["jax (plugin)"] = run_other(
+            args.jax_python,
+            "jax_models.py",
+            name,
+            args.steps,
+            args.warmup,
+            env=dict(
+                os.environ,
+                PJRT_NAMES_AND_LIBRARY_PATHS=f"rtpucpu:{os.environ['RTPU_PLUGIN']}",
+                JAX_PLATFORMS="rtpucpu",
+            ),
+        )
+    if args.torch_xla_python:
+        results["torch_xla"] = run_other(
+            args.torch_xla_python, "torch_xla_models.py", name, args.steps, args.warmup, env=own_xla_env
+        )
+        # torch_xla's own torch.compile backend: compile mode's peer.
+        results["torch_xla dynamo"] = run_other(
+            args.torch_xla_python,
+            "torch_xla_models.py",
+            name,
+            args.steps,
+            args.warmup,
+            env=own_xla_env,
+            extra_args=["--compile"],
+        )
+    return results
+
+
+def median_of_rounds(rounds):
+    """Per configuration, each figure's median over the rounds that ran it
+    (None where no round did)."""
+    combined = {}
+    for label in rounds[0]:
+        ran = [r[label] for r in rounds if r.get(label)]
+        if not ran:
+            combined[label] = None
+            continue
+        combined[label] = {
+            key: statistics.median(r[key] for r in ran)
+            if all(isinstance(r.get(key), (int, float)) for r in ran)
+            else ran[0].get(key)
+            for key in ran[0]
+        }
+    return combined
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
@@ -373,6 +441,9 @@ def main():
     parser.add_argument("--models", default="mlp,gpt", help=f"a comma-separated list of {', '.join(MODEL_NAMES)}")
     parser.add_argument("--jax-python", help="a Python with jax installed")
     parser.add_argument("--torch-xla-python", help="a Python with torch_xla installed")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run every configuration this many times, interleaved; report medians"
+    )
     # How the parent runs each rtpu mode in a process of its own.
     parser.add_argument("--worker", choices=["step", "compile"], help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=MODEL_NAMES, help=argparse.SUPPRESS)
@@ -380,6 +451,8 @@ def main():
     if args.worker:
         run_rtpu_worker(args.worker, args.model, args.steps, args.warmup)
         return
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     unknown = set(args.models.split(",")) - set(MODEL_NAMES)
     if unknown:
         parser.error(f"unknown models {sorted(unknown)}: choose from {MODEL_NAMES}")
@@ -397,46 +470,11 @@ def main():
     own_xla_env = _plugin.user_environment()
     all_results = {}
     for name in args.models.split(","):
-        results = {
-            f"rtpu {mode}": run_rtpu_cold_then_warm(mode, name, args.steps, args.warmup) for mode in ("step", "compile")
-        }
-        results["cpu eager"] = run_cpu(name, args.steps, args.warmup)
-        results["cpu aot_eager"] = run_cpu(name, args.steps, args.warmup, backend="aot_eager")
-        if args.jax_python:
-            results["jax jit"] = run_other(
-                args.jax_python, "jax_models.py", name, args.steps, args.warmup, env=own_xla_env
-            )
-            # The same JAX program on the XLA CPU plugin rtpu runs on (a
-            # different XLA build from jaxlib's own CPU client), with the
-            # XLA_FLAGS rtpu gives it: separates rtpu's costs from the
-            # plugin's.
-            results["jax (plugin)"] = run_other(
-                args.jax_python,
-                "jax_models.py",
-                name,
-                args.steps,
-                args.warmup,
-                env=dict(
-                    os.environ,
-                    PJRT_NAMES_AND_LIBRARY_PATHS=f"rtpucpu:{os.environ['RTPU_PLUGIN']}",
-                    JAX_PLATFORMS="rtpucpu",
-                ),
-            )
-        if args.torch_xla_python:
-            results["torch_xla"] = run_other(
-                args.torch_xla_python, "torch_xla_models.py", name, args.steps, args.warmup, env=own_xla_env
-            )
-            # torch_xla's own torch.compile backend: compile mode's peer.
-            results["torch_xla dynamo"] = run_other(
-                args.torch_xla_python,
-                "torch_xla_models.py",
-                name,
-                args.steps,
-                args.warmup,
-                env=own_xla_env,
-                extra_args=["--compile"],
-            )
-        print_table(name, results, args.steps)
+        # Rounds interleave the configurations, so that a slow minute on
+        # this noisy machine lands on all of them rather than on one.
+        rounds = [run_all(name, args, own_xla_env) for _ in range(args.rounds)]
+        results = median_of_rounds(rounds)
+        print_table(name, results, args.steps, args.rounds)
         all_results[name] = results
     print_targets(chain, all_results)
 
